@@ -1,0 +1,31 @@
+# Each target bootstraps .venv from nothing, so a fresh clone needs only python3 >= 3.11.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv lint test demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: $(STAMP)
+	$(BIN)/kuscale demo --duration 30 --json demo-summary.json --plot demo.png
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_tick.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache demo-summary.json demo.png
