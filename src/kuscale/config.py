@@ -1,0 +1,166 @@
+"""Validated configuration: a TOML file and command-line flags, checked once at start.
+
+A bad value is a `ConfigError` naming the key, never a limit computed from it later.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kuscale.model import INITIAL_LIMIT, RESOURCES, Resource
+
+
+class ConfigError(ValueError):
+    """A configuration value the agent refuses to start with."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceConfig:
+    """Price in tokens per percent per second, and the bounds of a pod's limit."""
+
+    price: float
+    min: float = INITIAL_LIMIT
+    max: float | None = None
+    """Per-pod cap; None means the node's capacity of the resource."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Parameters of the rules, with the original KuScale's values as defaults."""
+
+    cpu: ResourceConfig = field(default_factory=lambda: ResourceConfig(price=1.0))
+    gpu: ResourceConfig = field(default_factory=lambda: ResourceConfig(price=3.0))
+    static_v: float = 10.0
+    """V > 0: static weights p·V; V <= 0: the original's usage-based weights."""
+    burst_factor: float = 0.0
+    """k: share of the token queue a pod may spend per period (the original has 0)."""
+    burst_seconds: float = 1.0
+    """Token queue cap in seconds of reservation (the original caps it at R, i.e. 1 s)."""
+    ewma_weight: float = 1.0 / 8.0
+    pin_tolerance: float = 0.05
+    """Usage within this fraction of the limit counts as starved (pinned at the limit)."""
+
+    def resource(self, resource: Resource) -> ResourceConfig:
+        return self.cpu if resource is Resource.CPU else self.gpu
+
+    def prices(self) -> NDArray[np.float64]:
+        return np.array([self.resource(r).price for r in RESOURCES], dtype=np.float64)
+
+    def minimums(self) -> NDArray[np.float64]:
+        return np.array([self.resource(r).min for r in RESOURCES], dtype=np.float64)
+
+    def validate(self) -> PolicyConfig:
+        for resource in RESOURCES:
+            rc = self.resource(resource)
+            name = resource.label
+            _require_finite(f"resources.{name}.price", rc.price, positive=True)
+            _require_finite(f"resources.{name}.min", rc.min, positive=True)
+            if rc.max is not None:
+                _require_finite(f"resources.{name}.max", rc.max, positive=True)
+                if rc.min > rc.max:
+                    raise ConfigError(
+                        f"resources.{name}.min ({rc.min}) is above resources.{name}.max ({rc.max})"
+                    )
+        _require_finite("policy.static_v", self.static_v)
+        _require_finite("policy.burst_factor", self.burst_factor, non_negative=True)
+        _require_finite("policy.burst_seconds", self.burst_seconds, positive=True)
+        if not 0.0 <= self.pin_tolerance < 1.0:
+            raise ConfigError(f"policy.pin_tolerance must be in [0, 1), got {self.pin_tolerance}")
+        if not 0.0 < self.ewma_weight <= 1.0:
+            raise ConfigError(f"policy.ewma_weight must be in (0, 1], got {self.ewma_weight}")
+        return self
+
+
+POLICY_NAMES = ("kuscale-2022",)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    period: float = 1.0
+    policy: str = "kuscale-2022"
+    monitor_only: bool = False
+    window: int = 15
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def validate(self) -> AgentConfig:
+        _require_finite("agent.period", self.period, positive=True)
+        if not 0.01 <= self.period <= 60.0:
+            raise ConfigError(
+                f"agent.period must be between 0.01 and 60 seconds, got {self.period}"
+            )
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError(
+                f"agent.policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}"
+            )
+        if isinstance(self.window, bool) or not isinstance(self.window, int):
+            raise ConfigError(f"agent.window must be an integer, got {self.window!r}")
+        if not 1 <= self.window <= 10_000:
+            raise ConfigError(f"agent.window must be between 1 and 10000, got {self.window}")
+        self.policy_config.validate()
+        return self
+
+
+def _require_finite(
+    key: str, value: object, *, positive: bool = False, non_negative: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{key} must be above 0, got {value}")
+    if non_negative and value < 0:
+        raise ConfigError(f"{key} must not be negative, got {value}")
+
+
+def _take_table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    table = data.pop(key, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [{key}] must be a table")
+    return table
+
+
+def _apply(target: Any, table: dict[str, Any], section: str, skip: tuple[str, ...] = ()) -> Any:
+    """Replace the dataclass fields named in a TOML table; unknown keys are an error."""
+    known = {f.name for f in fields(target)} - set(skip)
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(unknown)}")
+    return replace(target, **table)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Read a TOML file (if any), apply command-line overrides, and validate the result."""
+    data: dict[str, Any] = {}
+    where = str(path) if path else "defaults"
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config {path} is not valid TOML: {err}") from err
+    agent_table = _take_table(data, "agent", where)
+    policy_table = _take_table(data, "policy", where)
+    resources_table = _take_table(data, "resources", where)
+    if data:
+        raise ConfigError(f"{where}: unknown section(s): {', '.join(sorted(data))}")
+    policy = _apply(PolicyConfig(), policy_table, "policy", skip=("cpu", "gpu"))
+    for name, table in resources_table.items():
+        if name not in ("cpu", "gpu") or not isinstance(table, dict):
+            raise ConfigError(f"{where}: [resources.{name}] is not a known resource table")
+        current = getattr(policy, name)
+        policy = replace(policy, **{name: _apply(current, table, f"resources.{name}")})
+    agent: AgentConfig = _apply(AgentConfig(), agent_table, "agent", skip=("policy_config",))
+    agent = replace(agent, policy_config=policy)
+    if overrides:
+        agent = replace(agent, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return agent.validate()
+    except TypeError as err:
+        raise ConfigError(f"{where}: {err}") from err

@@ -1,0 +1,174 @@
+"""Plain data: pods, their resources, samples and the registry that holds them.
+
+Amounts are percent of one unit (CPU 100 = one core, GPU 100 = one whole GPU's time), as in
+the original KuScale. Nothing here touches a file, a clock or a thread: the monitor is the
+only owner of these objects and mutates them from its own thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class Resource(enum.IntEnum):
+    """Resource columns of every policy array, in a fixed order."""
+
+    CPU = 0
+    GPU = 1
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+RESOURCES: tuple[Resource, ...] = (Resource.CPU, Resource.GPU)
+
+INITIAL_LIMIT = 10.0
+"""Limit a new pod starts with for each resource it uses (the original's value)."""
+
+DEFAULT_WINDOW = 15
+"""Samples of usage history kept per resource: a bounded window, never a growing list."""
+
+
+class PodStatus(enum.StrEnum):
+    INITIALIZING = "initializing"
+    NOT_READY = "not ready"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    REFUSED = "refused"
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_VGPU_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class InvalidSpec(ValueError):
+    """A pod description that cannot be accepted; the message says which field and why."""
+
+
+def validate_pod_name(name: str) -> str:
+    """Pod names become cgroup directory names, so they must be DNS-1123 labels."""
+    if not _DNS_LABEL.match(name):
+        raise InvalidSpec(
+            f"pod name {name!r} is not a DNS-1123 label "
+            "(lower-case letters, digits and '-', 1-63 characters, alphanumeric at both ends)"
+        )
+    return name
+
+
+def validate_vgpu_id(vgpu_id: str) -> str:
+    """vGPU ids become directory names under the GPU layer's root: no '/', no '..'."""
+    if not _VGPU_ID.match(vgpu_id) or set(vgpu_id) <= {"."}:
+        raise InvalidSpec(f"vGPU id {vgpu_id!r} must be letters, digits, '_', '.', '-' only")
+    return vgpu_id
+
+
+def validate_tokens(tokens: object) -> int:
+    """Tokens are a count of `kuscale.com/token` units: a positive integer, nothing else."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise InvalidSpec(f"tokens must be a positive integer, got {tokens!r}")
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """What a discovery source knows about a pod when it asks the monitor to adopt it.
+
+    `cgroup` is relative to the CPU backend's root; `vgpu_id` names the pod's directory in
+    the GPU layer (None when the pod uses no GPU).
+    """
+
+    name: str
+    tokens: int
+    cgroup: str
+    namespace: str = "local"
+    uid: str = ""
+    vgpu_id: str | None = None
+    owned: bool = False
+    """True when kuscale created the cgroup and must remove it once the pod completes."""
+
+    def __post_init__(self) -> None:
+        validate_pod_name(self.name)
+        validate_tokens(self.tokens)
+        if self.vgpu_id is not None:
+            validate_vgpu_id(self.vgpu_id)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return RESOURCES if self.vgpu_id is not None else (Resource.CPU,)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCounters:
+    """Cumulative CPU counters of one cgroup, as the kernel keeps them."""
+
+    usage_ns: int
+    nr_periods: int = 0
+    nr_throttled: int = 0
+    throttled_ns: int = 0
+
+
+@dataclass(slots=True)
+class ResourceState:
+    """One resource of one pod: the original's ResourceInfo, plus the demand estimate."""
+
+    price: float
+    limit: float = INITIAL_LIMIT
+    usage: float = 0.0
+    avg_usage: float = 0.0
+    weight: float = 0.0
+    demand: float = 0.0
+    starved: bool = False
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=DEFAULT_WINDOW))
+    restore_limit: float | None = None
+    """What the limit was before kuscale first changed it (None = unlimited)."""
+    changed: bool = False
+
+
+@dataclass(slots=True)
+class PodState:
+    """A pod the monitor manages: the original's PodInfo."""
+
+    spec: PodSpec
+    resources: dict[Resource, ResourceState]
+    status: PodStatus = PodStatus.INITIALIZING
+    token_queue: float = 0.0
+    updated_count: int = 0
+    last_update: float | None = None
+    """Monotonic seconds of the sample the next usage is measured from."""
+    cpu_baseline: CpuCounters | None = None
+    gpu_baseline: int | None = None
+    reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    def uses(self, resource: Resource) -> bool:
+        return resource in self.resources
+
+
+@dataclass(slots=True)
+class Registry:
+    """Running and completed pods, keyed by namespace/name. Owned by the monitor's thread."""
+
+    running: dict[str, PodState] = field(default_factory=dict)
+    completed: dict[str, PodState] = field(default_factory=dict)
+    completed_limit: int = 1000
+
+    def complete(self, key: str, status: PodStatus = PodStatus.COMPLETED, reason: str = "") -> None:
+        pod = self.running.pop(key, None)
+        if pod is None:
+            return
+        pod.status = status
+        pod.reason = reason
+        self.completed[key] = pod
+        while len(self.completed) > self.completed_limit:
+            del self.completed[next(iter(self.completed))]

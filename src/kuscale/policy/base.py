@@ -1,0 +1,65 @@
+"""The interface every allocation rule implements: arrays in, arrays out, no I/O, no clock.
+
+Arrays have one row per pod and one column per resource, in `model.RESOURCES` order. A pod
+that does not use a resource has `uses` False in that column; rules must leave its limit 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the monitor measured this tick, for the pods that have a valid sample."""
+
+    period: float
+    """T: seconds until the next decision."""
+    elapsed: FloatArray
+    """Δt per pod: seconds since that pod's last update."""
+    tokens: FloatArray
+    """R per pod: reserved tokens per second."""
+    queue: FloatArray
+    """Q per pod: the token queue before this tick."""
+    usage: FloatArray
+    avg_usage: FloatArray
+    limits: FloatArray
+    """The limits each pod held during Δt."""
+    starved: BoolArray
+    """True where the pod was throttled or pinned at its limit during Δt."""
+    demand: FloatArray
+    """The previous tick's demand estimate (the rule's own memory)."""
+    uses: BoolArray
+    capacity: FloatArray
+    """Node capacity per resource, percent (0 where the node has none)."""
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    limits: FloatArray
+    weights: FloatArray
+    queue: FloatArray
+    demand: FloatArray
+
+
+class Policy(Protocol):
+    """A rule that maps one tick's observation of all pods to their next limits."""
+
+    name: str
+
+    def decide(self, obs: Observation) -> Decision: ...
+
+    def admit(self, tokens: float, uses: BoolArray, capacity: FloatArray) -> str | None:
+        """Return why a pod with these tokens and resources cannot be managed, or None."""
+        ...
