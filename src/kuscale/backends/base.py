@@ -1,0 +1,91 @@
+"""The interfaces between the monitor and whatever holds the counters and the limits.
+
+The kernel's cgroups, the vGPU layer, the GPU emulator and the simulator all sit behind
+these, so the monitor and the policies never know which one they drive.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kuscale.model import CpuCounters
+
+
+class BackendError(Exception):
+    """A read or write that failed for this pod only; the loop logs it and goes on."""
+
+    kind = "io"
+
+
+class CgroupGone(BackendError):
+    """The pod's cgroup (or vGPU directory) no longer exists: the pod has completed."""
+
+    kind = "gone"
+
+
+class CounterError(BackendError):
+    """A counter file held something that is not a counter."""
+
+    kind = "garbage"
+
+
+class RangeError(BackendError):
+    """A value outside what the kernel accepts; refused before any write."""
+
+    kind = "range"
+
+
+class CpuBackend(Protocol):
+    """CPU usage, throttling and quota of cgroups named relative to the backend's root."""
+
+    mode: str
+
+    def capacity(self) -> float:
+        """Percent of one core the node can give pods: cores × 100."""
+        ...
+
+    def exists(self, cgroup: str) -> bool: ...
+
+    def is_empty(self, cgroup: str) -> bool:
+        """True when no process is left in the cgroup."""
+        ...
+
+    def read(self, cgroup: str) -> CpuCounters: ...
+
+    def read_limit(self, cgroup: str) -> float | None:
+        """The current limit in percent, None for unlimited."""
+        ...
+
+    def write_limit(self, cgroup: str, limit: float | None) -> None:
+        """Set the limit in percent (None: unlimited), after checking the kernel's range."""
+        ...
+
+    def remove(self, cgroup: str) -> None:
+        """Remove a cgroup kuscale created, once it is empty."""
+        ...
+
+
+class GpuBackend(Protocol):
+    """GPU busy time and time-share limits of vGPU clients named by id."""
+
+    mode: str
+
+    def capacity(self) -> float:
+        """Percent of one GPU the node can give pods: GPUs × 100."""
+        ...
+
+    def exists(self, vgpu_id: str) -> bool: ...
+
+    def read(self, vgpu_id: str) -> int:
+        """Cumulative busy nanoseconds of the client."""
+        ...
+
+    def read_limit(self, vgpu_id: str) -> float | None: ...
+
+    def write_limit(self, vgpu_id: str, limit: float | None) -> None: ...
+
+    def remove(self, vgpu_id: str) -> None: ...
+
+    def commit(self) -> None:
+        """Make the scheduler take the limits written this tick (one reload per tick)."""
+        ...

@@ -1,0 +1,224 @@
+"""CPU backends over the kernel's cgroup files, v1 and v2, and the detection of which is here.
+
+v1 keeps usage in the cpuacct hierarchy and quota/throttling in the cpu hierarchy (which may
+be mounted together or apart); v2 keeps all of it in one directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kuscale.backends.base import BackendError, RangeError
+from kuscale.backends.files import confine, parse_int, parse_keyed, read_text, write_text
+from kuscale.model import CpuCounters
+
+MIN_QUOTA_US = 1000
+MAX_QUOTA_US = (1 << 44) - 1
+MIN_PERIOD_US = 1000
+MAX_PERIOD_US = 1_000_000
+DEFAULT_PERIOD_US = 100_000
+
+
+def node_cpu_capacity() -> float:
+    """Cores this agent's cpuset allows, in percent."""
+    return float(len(os.sched_getaffinity(0)) * 100)
+
+
+def limit_to_quota(limit: float, period_us: int) -> int:
+    """quota_us = L / 100 × period_us, refused when outside what the kernel accepts."""
+    if not MIN_PERIOD_US <= period_us <= MAX_PERIOD_US:
+        raise RangeError(f"CFS period {period_us} µs is outside [{MIN_PERIOD_US}, {MAX_PERIOD_US}]")
+    if not math.isfinite(limit):
+        raise RangeError(f"limit {limit} is not a finite number")
+    quota = round(limit / 100.0 * period_us)
+    if not MIN_QUOTA_US <= quota <= MAX_QUOTA_US:
+        raise RangeError(f"limit {limit:.3f}% gives quota {quota} µs, outside the kernel's range")
+    return quota
+
+
+def quota_to_limit(quota_us: int, period_us: int) -> float | None:
+    if quota_us < 0:
+        return None
+    return quota_us * 100.0 / period_us
+
+
+class _CgroupTree:
+    """Shared by v1 and v2: cgroup directories under one or two roots."""
+
+    mode = ""
+
+    def __init__(self, cpu_root: Path, usage_root: Path) -> None:
+        self.cpu_root = cpu_root
+        self.usage_root = usage_root
+        self._capacity = node_cpu_capacity()
+
+    def _roots(self) -> tuple[Path, ...]:
+        return (
+            (self.cpu_root,)
+            if self.cpu_root == self.usage_root
+            else (self.cpu_root, self.usage_root)
+        )
+
+    def capacity(self) -> float:
+        return self._capacity
+
+    def exists(self, cgroup: str) -> bool:
+        return confine(self.cpu_root, cgroup).is_dir()
+
+    def is_empty(self, cgroup: str) -> bool:
+        return not read_text(confine(self.cpu_root, cgroup) / "cgroup.procs").strip()
+
+    def create(self, cgroup: str) -> None:
+        """Make the cgroup in every hierarchy this backend reads, parents included."""
+        for root in self._roots():
+            try:
+                confine(root, cgroup).mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise BackendError(f"cannot create cgroup {cgroup} under {root}: {err}") from err
+
+    def attach(self, cgroup: str, pid: int) -> None:
+        for root in self._roots():
+            write_text(confine(root, cgroup) / "cgroup.procs", str(pid))
+
+    def remove(self, cgroup: str) -> None:
+        """Remove an empty cgroup; one already gone is fine."""
+        for root in self._roots():
+            try:
+                confine(root, cgroup).rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise BackendError(f"cannot remove cgroup {cgroup} under {root}: {err}") from err
+
+
+class CgroupV1(_CgroupTree):
+    mode = "cgroup-v1"
+
+    def read(self, cgroup: str) -> CpuCounters:
+        usage_path = confine(self.usage_root, cgroup) / "cpuacct.usage"
+        stat_path = confine(self.cpu_root, cgroup) / "cpu.stat"
+        usage = parse_int(read_text(usage_path), usage_path)
+        stat = parse_keyed(read_text(stat_path), stat_path)
+        return CpuCounters(
+            usage_ns=usage,
+            nr_periods=stat.get("nr_periods", 0),
+            nr_throttled=stat.get("nr_throttled", 0),
+            throttled_ns=stat.get("throttled_time", 0),
+        )
+
+    def _period(self, directory: Path) -> int:
+        path = directory / "cpu.cfs_period_us"
+        return parse_int(read_text(path), path)
+
+    def read_limit(self, cgroup: str) -> float | None:
+        directory = confine(self.cpu_root, cgroup)
+        path = directory / "cpu.cfs_quota_us"
+        text = read_text(path).strip()
+        try:
+            quota = int(text)
+        except ValueError as err:
+            raise BackendError(f"{path} holds {text[:40]!r}, not a quota") from err
+        return quota_to_limit(quota, self._period(directory))
+
+    def write_limit(self, cgroup: str, limit: float | None) -> None:
+        directory = confine(self.cpu_root, cgroup)
+        value = "-1" if limit is None else str(limit_to_quota(limit, self._period(directory)))
+        write_text(directory / "cpu.cfs_quota_us", value)
+
+
+class CgroupV2(_CgroupTree):
+    mode = "cgroup-v2"
+
+    def create(self, cgroup: str) -> None:
+        """v2 gives a child the cpu files only when every ancestor delegates the controller."""
+        parts = cgroup.split("/")
+        for depth in range(1, len(parts) + 1):
+            parent = (
+                confine(self.cpu_root, "/".join(parts[: depth - 1]))
+                if depth > 1
+                else (self.cpu_root)
+            )
+            write_text(parent / "cgroup.subtree_control", "+cpu")
+            super().create("/".join(parts[:depth]))
+
+    def read(self, cgroup: str) -> CpuCounters:
+        path = confine(self.cpu_root, cgroup) / "cpu.stat"
+        stat = parse_keyed(read_text(path), path)
+        if "usage_usec" not in stat:
+            raise BackendError(f"{path} has no usage_usec")
+        return CpuCounters(
+            usage_ns=stat["usage_usec"] * 1000,
+            nr_periods=stat.get("nr_periods", 0),
+            nr_throttled=stat.get("nr_throttled", 0),
+            throttled_ns=stat.get("throttled_usec", 0) * 1000,
+        )
+
+    def _cpu_max(self, directory: Path) -> tuple[int, int]:
+        """cpu.max as (quota µs or -1 for max, period µs)."""
+        path = directory / "cpu.max"
+        fields = read_text(path).split()
+        if (
+            len(fields) != 2
+            or not fields[1].isdigit()
+            or not (fields[0] == "max" or fields[0].isdigit())
+        ):
+            raise BackendError(
+                f"{path} holds {' '.join(fields)[:40]!r}, not '<quota|max> <period>'"
+            )
+        quota = -1 if fields[0] == "max" else int(fields[0])
+        return quota, int(fields[1])
+
+    def read_limit(self, cgroup: str) -> float | None:
+        quota, period = self._cpu_max(confine(self.cpu_root, cgroup))
+        return quota_to_limit(quota, period)
+
+    def write_limit(self, cgroup: str, limit: float | None) -> None:
+        directory = confine(self.cpu_root, cgroup)
+        _, period = self._cpu_max(directory)
+        quota = "max" if limit is None else str(limit_to_quota(limit, period))
+        write_text(directory / "cpu.max", f"{quota} {period}")
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    path: Path
+    fstype: str
+    options: frozenset[str]
+
+
+def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Mount]:
+    """Cgroup mounts from mountinfo: `... mountpoint ... - fstype source superoptions`."""
+    mounts = []
+    for line in mountinfo.read_text().splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, tail_fields = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(tail_fields) < 3:
+            continue
+        if tail_fields[0] in ("cgroup", "cgroup2"):
+            path = Path(fields[4].encode().decode("unicode_escape"))
+            mounts.append(Mount(path, tail_fields[0], frozenset(tail_fields[2].split(","))))
+    return mounts
+
+
+def detect(mounts: list[Mount] | None = None) -> CgroupV1 | CgroupV2:
+    """Pick the hierarchy that has the cpu controller: v1 if mounted there, else v2."""
+    mounts = read_mounts() if mounts is None else mounts
+    v1_cpu = next((m.path for m in mounts if m.fstype == "cgroup" and "cpu" in m.options), None)
+    v1_acct = next(
+        (m.path for m in mounts if m.fstype == "cgroup" and "cpuacct" in m.options), None
+    )
+    if v1_cpu and v1_acct:
+        return CgroupV1(v1_cpu, v1_acct)
+    for mount in mounts:
+        if mount.fstype != "cgroup2":
+            continue
+        try:
+            controllers = (mount.path / "cgroup.controllers").read_text().split()
+        except OSError:
+            continue
+        if "cpu" in controllers:
+            return CgroupV2(mount.path, mount.path)
+    raise BackendError("no cgroup hierarchy with the cpu controller is mounted")
