@@ -1,0 +1,1 @@
+"""Local mode, the embedded default: workloads on this machine, registered in a state dir."""

@@ -1,0 +1,75 @@
+"""The agent in local mode: cgroups on this machine, workloads found in a state dir."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.backends.vgpu import VgpuLayer
+from kuscale.config import AgentConfig
+from kuscale.local.discovery import LocalDiscovery
+from kuscale.local.statedir import StateDir
+from kuscale.model import PodState
+from kuscale.monitor import Monitor, Stop
+
+log = logging.getLogger("kuscale.local")
+
+
+class LocalAgent:
+    """Wires the monitor to the state dir; `run` blocks, `start`/`stop` run it in a thread."""
+
+    def __init__(
+        self,
+        state: StateDir,
+        config: AgentConfig,
+        gpus: int = 1,
+        gpu_root: Path | None = None,
+        cgroups: CgroupV1 | CgroupV2 | None = None,
+        on_tick: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.state = state.ensure()
+        self.cgroups = cgroups or detect()
+        gpu = VgpuLayer(gpu_root or state.vgpu, gpus) if gpus > 0 else None
+        self._extra_on_tick = on_tick
+        self.monitor = Monitor(
+            self.cgroups, gpu, config, on_tick=self._on_tick, on_completed=self._on_completed
+        )
+        self.discovery = LocalDiscovery(
+            state, self.monitor.submit, interval=min(config.period / 2, 0.5)
+        )
+        self._thread: threading.Thread | None = None
+
+    def _on_tick(self, snapshot: dict[str, Any]) -> None:
+        try:
+            self.state.write_status(snapshot)
+        except OSError as err:
+            log.warning("cannot write %s: %s", self.state.status, err)
+        if self._extra_on_tick:
+            self._extra_on_tick(snapshot)
+
+    def _on_completed(self, pod: PodState) -> None:
+        try:
+            self.state.unregister(pod.spec.name)
+        except OSError as err:
+            log.warning("cannot remove the registration of %s: %s", pod.key, err)
+
+    def run(self) -> None:
+        self.discovery.start()
+        try:
+            self.monitor.run()
+        finally:
+            self.discovery.stop()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="kuscale-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the loop to stop; it restores every limit it changed before returning."""
+        self.monitor.submit(Stop())
+        if self._thread is not None:
+            self._thread.join(timeout)

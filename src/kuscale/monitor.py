@@ -1,0 +1,440 @@
+"""The loop: sample → estimate → decide → actuate → export, once per period.
+
+The monitor is the one owner of all mutable pod state. Discovery sources, signal handlers and
+the device plugin never touch the registry: they put events on the monitor's queue, and the
+loop thread handles them between ticks. A failure on one pod is logged, counted and skipped;
+it never stops the others or the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend
+from kuscale.config import AgentConfig
+from kuscale.model import (
+    INITIAL_LIMIT,
+    RESOURCES,
+    PodSpec,
+    PodState,
+    PodStatus,
+    Registry,
+    Resource,
+    ResourceState,
+)
+from kuscale.policy import Observation, Policy, make_policy
+
+log = logging.getLogger("kuscale.monitor")
+
+WRITE_RESOLUTION = 0.01
+"""Limits closer than this (percent) to what is already written are not written again."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodAdded:
+    spec: PodSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PodRemoved:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+Event = PodAdded | PodRemoved | Stop
+
+
+@dataclass(slots=True)
+class _Measured:
+    """One pod's usage over its last interval, ready for the policy."""
+
+    pod: PodState
+    elapsed: float
+    usage: list[float]
+    starved: list[bool]
+
+
+@dataclass(slots=True)
+class TickStats:
+    ticks: int = 0
+    last_tick: float | None = None
+    last_duration: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class Monitor:
+    """Owns the registry and runs the rule over every running pod each period."""
+
+    def __init__(
+        self,
+        cpu: CpuBackend,
+        gpu: GpuBackend | None,
+        config: AgentConfig,
+        policy: Policy | None = None,
+        on_tick: Callable[[dict[str, Any]], None] | None = None,
+        on_completed: Callable[[PodState], None] | None = None,
+    ) -> None:
+        self.cpu = cpu
+        self.gpu = gpu
+        self.config = config
+        self.policy = policy or make_policy(config.policy, config.policy_config)
+        self.registry = Registry()
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.stats = TickStats()
+        self.on_tick = on_tick
+        self.on_completed = on_completed
+        self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
+        self._prices = config.policy_config.prices()
+        self._stopping = False
+
+    # Events: the only way in from other threads.
+
+    def submit(self, event: Event) -> None:
+        """Thread-safe: queue an event for the loop thread."""
+        self.events.put(event)
+
+    def _handle(self, event: Event, now: float) -> None:
+        if isinstance(event, Stop):
+            self._stopping = True
+        elif isinstance(event, PodAdded):
+            self._adopt(event.spec, now)
+        elif event.key in self.registry.running:
+            self._complete(self.registry.running[event.key], "removed by its source")
+
+    def _drain(self, now: float) -> None:
+        while True:
+            try:
+                self._handle(self.events.get_nowait(), now)
+            except queue.Empty:
+                return
+
+    # Pod lifecycle.
+
+    def _adopt(self, spec: PodSpec, now: float) -> None:
+        if spec.key in self.registry.running:
+            return
+        resources = {
+            r: ResourceState(price=float(self._prices[r]), history=deque(maxlen=self.config.window))
+            for r in spec.resources
+        }
+        pod = PodState(spec=spec, resources=resources)
+        self.registry.running[spec.key] = pod
+        reason = self._refusal(spec)
+        if reason:
+            log.warning("pod %s refused: %s", spec.key, reason)
+            self.registry.complete(spec.key, PodStatus.REFUSED, reason)
+            return
+        try:
+            self._start(pod, now)
+        except CgroupGone as err:
+            pod.status = PodStatus.NOT_READY
+            pod.reason = str(err)
+            log.info("pod %s not ready: %s", spec.key, err)
+        except BackendError as err:
+            self._count_error(pod, err)
+            pod.status = PodStatus.NOT_READY
+            pod.reason = str(err)
+
+    def _refusal(self, spec: PodSpec) -> str | None:
+        if spec.vgpu_id is not None and self.gpu is None:
+            return "the pod asks for a GPU and this node has no GPU layer"
+        uses = np.array([r in spec.resources for r in RESOURCES])
+        return self.policy.admit(float(spec.tokens), uses, self.capacity)
+
+    def _start(self, pod: PodState, now: float) -> None:
+        """Read what the pod had (to restore it later), set the initial limits, take a baseline."""
+        spec = pod.spec
+        cpu_state = pod.resources[Resource.CPU]
+        cpu_state.restore_limit = self.cpu.read_limit(spec.cgroup)
+        gpu_state = pod.resources.get(Resource.GPU)
+        if gpu_state is not None and self.gpu is not None and spec.vgpu_id is not None:
+            gpu_state.restore_limit = self.gpu.read_limit(spec.vgpu_id)
+            pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
+        pod.cpu_baseline = self.cpu.read(spec.cgroup)
+        pod.last_update = now
+        pod.status = PodStatus.RUNNING
+        pod.reason = ""
+        for resource, state in pod.resources.items():
+            self._write(pod, resource, state, INITIAL_LIMIT)
+        log.info(
+            "pod %s adopted with %d tokens (cgroup %s%s)",
+            spec.key,
+            spec.tokens,
+            spec.cgroup,
+            f", vGPU {spec.vgpu_id}" if spec.vgpu_id else "",
+        )
+
+    def _complete(self, pod: PodState, reason: str) -> None:
+        log.info("pod %s completed: %s", pod.key, reason)
+        self.registry.complete(pod.key, PodStatus.COMPLETED, reason)
+        if pod.spec.owned:
+            self._remove_owned(pod)
+        if self.on_completed:
+            self.on_completed(pod)
+
+    def _remove_owned(self, pod: PodState) -> None:
+        try:
+            self.cpu.remove(pod.spec.cgroup)
+            if self.gpu is not None and pod.spec.vgpu_id is not None:
+                self.gpu.remove(pod.spec.vgpu_id)
+        except BackendError as err:
+            self._count_error(pod, err)
+
+    def _count_error(self, pod: PodState, err: BackendError) -> None:
+        self.stats.errors[err.kind] += 1
+        log.warning("pod %s: %s", pod.key, err)
+
+    # The tick.
+
+    def tick(self, now: float) -> dict[str, Any]:
+        """One pass over every running pod; returns the snapshot it exported."""
+        started = time.perf_counter()
+        self._drain(now)
+        measured = [
+            m
+            for pod in list(self.registry.running.values())
+            if (m := self._measure(pod, now)) is not None
+        ]
+        if measured:
+            self._decide(measured, now)
+        if self.gpu is not None and not self.config.monitor_only:
+            try:
+                self.gpu.commit()
+            except BackendError as err:
+                self.stats.errors[err.kind] += 1
+                log.warning("GPU layer reload failed: %s", err)
+        self.stats.ticks += 1
+        self.stats.last_tick = now
+        self.stats.last_duration = time.perf_counter() - started
+        snapshot = self.snapshot()
+        if self.on_tick:
+            self.on_tick(snapshot)
+        return snapshot
+
+    def _measure(self, pod: PodState, now: float) -> _Measured | None:
+        try:
+            if pod.status is PodStatus.NOT_READY:
+                self._start(pod, now)
+                return None
+            if pod.spec.owned and self.cpu.is_empty(pod.spec.cgroup):
+                self._complete(pod, "its last process exited")
+                return None
+            return self._sample(pod, now)
+        except CgroupGone as err:
+            if pod.status is PodStatus.NOT_READY and not pod.spec.owned:
+                pod.reason = str(err)
+                return None
+            self._complete(pod, f"its cgroup is gone ({err})")
+        except BackendError as err:
+            self._count_error(pod, err)
+        return None
+
+    def _sample(self, pod: PodState, now: float) -> _Measured | None:
+        """Usage over the interval since the pod's baseline; None when it cannot be trusted."""
+        spec = pod.spec
+        counters = self.cpu.read(spec.cgroup)
+        busy_gpu = None
+        if self.gpu is not None and spec.vgpu_id is not None:
+            busy_gpu = self.gpu.read(spec.vgpu_id)
+        elapsed = now - (pod.last_update if pod.last_update is not None else now)
+        previous_cpu, previous_gpu = pod.cpu_baseline, pod.gpu_baseline
+        pod.cpu_baseline, pod.gpu_baseline, pod.last_update = counters, busy_gpu, now
+        if previous_cpu is None or elapsed <= 0:
+            return None
+        if counters.usage_ns < previous_cpu.usage_ns or (
+            busy_gpu is not None and previous_gpu is not None and busy_gpu < previous_gpu
+        ):
+            self.stats.errors["backwards"] += 1
+            log.warning("pod %s: a counter went backwards; taking a new baseline", pod.key)
+            return None
+        wall_ns = elapsed * 1e9
+        usage = [0.0, 0.0]
+        starved = [False, False]
+        usage[Resource.CPU] = min(
+            (counters.usage_ns - previous_cpu.usage_ns) * 100.0 / wall_ns,
+            float(self.capacity[Resource.CPU]),
+        )
+        starved[Resource.CPU] = counters.nr_throttled > previous_cpu.nr_throttled
+        if busy_gpu is not None and previous_gpu is not None:
+            usage[Resource.GPU] = min(
+                (busy_gpu - previous_gpu) * 100.0 / wall_ns, float(self.capacity[Resource.GPU])
+            )
+        tolerance = self.config.policy_config.pin_tolerance
+        for resource, state in pod.resources.items():
+            pinned = usage[resource] >= (1.0 - tolerance) * state.limit
+            starved[resource] = starved[resource] or pinned
+        return _Measured(pod, elapsed, usage, starved)
+
+    def _decide(self, measured: list[_Measured], now: float) -> None:
+        resources = [[m.pod.resources.get(r) for r in RESOURCES] for m in measured]
+        uses = np.array([[s is not None for s in row] for row in resources])
+        usage = np.array([m.usage for m in measured], dtype=np.float64)
+        weight = self.config.policy_config.ewma_weight
+        avg = np.array([[s.avg_usage if s else 0.0 for s in row] for row in resources])
+        avg = np.where(uses, avg + weight * (usage - avg), 0.0)
+        obs = Observation(
+            period=self.config.period,
+            elapsed=np.array([m.elapsed for m in measured], dtype=np.float64),
+            tokens=np.array([m.pod.spec.tokens for m in measured], dtype=np.float64),
+            queue=np.array([m.pod.token_queue for m in measured], dtype=np.float64),
+            usage=usage,
+            avg_usage=avg,
+            limits=np.array([[s.limit if s else 0.0 for s in row] for row in resources]),
+            starved=np.array([m.starved for m in measured]) & uses,
+            demand=np.array([[s.demand if s else 0.0 for s in row] for row in resources]),
+            uses=uses,
+            capacity=self.capacity,
+        )
+        decision = self.policy.decide(obs)
+        for i, m in enumerate(measured):
+            pod = m.pod
+            pod.token_queue = float(decision.queue[i])
+            pod.updated_count += 1
+            for resource, state in pod.resources.items():
+                state.usage = float(usage[i, resource])
+                state.avg_usage = float(avg[i, resource])
+                state.history.append(state.usage)
+                state.starved = bool(obs.starved[i, resource])
+                state.weight = float(decision.weights[i, resource])
+                state.demand = float(decision.demand[i, resource])
+                self._write(pod, resource, state, float(decision.limits[i, resource]))
+
+    def _write(self, pod: PodState, resource: Resource, state: ResourceState, limit: float) -> None:
+        """Actuate one limit; on failure the pod keeps (and is charged for) the old one."""
+        if not np.isfinite(limit) or limit <= 0:
+            self.stats.errors["invalid"] += 1
+            log.error(
+                "pod %s: policy gave %s limit %r; not written", pod.key, resource.label, limit
+            )
+            return
+        ceiling = float(self.capacity[resource])
+        if limit > ceiling:
+            log.info(
+                "pod %s: %s limit %.1f clamped to the node's %.1f",
+                pod.key,
+                resource.label,
+                limit,
+                ceiling,
+            )
+            self.stats.errors["clamped"] += 1
+            limit = ceiling
+        if self.config.monitor_only:
+            state.limit = limit
+            return
+        if state.changed and abs(limit - state.limit) < WRITE_RESOLUTION:
+            return
+        try:
+            if resource is Resource.CPU:
+                self.cpu.write_limit(pod.spec.cgroup, limit)
+            elif self.gpu is not None and pod.spec.vgpu_id is not None:
+                self.gpu.write_limit(pod.spec.vgpu_id, limit)
+        except BackendError as err:
+            self._count_error(pod, err)
+            return
+        state.limit = limit
+        state.changed = True
+
+    # Running and stopping.
+
+    def run(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Tick every period until a Stop event; then restore what was changed."""
+        next_tick = clock()
+        try:
+            while not self._stopping:
+                self.tick(clock())
+                next_tick += self.config.period
+                delay = next_tick - clock()
+                if delay < 0:
+                    next_tick = clock()
+                    delay = 0.0
+                self._wait(delay, clock)
+        finally:
+            self.restore()
+
+    def _wait(self, delay: float, clock: Callable[[], float]) -> None:
+        """Sleep until the next tick, handling events as they come (a Stop ends the wait)."""
+        deadline = clock() + delay
+        while not self._stopping:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return
+            try:
+                event = self.events.get(timeout=remaining)
+            except queue.Empty:
+                return
+            self._handle(event, clock())
+
+    def restore(self) -> None:
+        """Put back every limit kuscale changed, so no workload stays throttled behind it."""
+        for pod in self.registry.running.values():
+            for resource, state in pod.resources.items():
+                if not state.changed:
+                    continue
+                try:
+                    if resource is Resource.CPU:
+                        self.cpu.write_limit(pod.spec.cgroup, state.restore_limit)
+                    elif self.gpu is not None and pod.spec.vgpu_id is not None:
+                        self.gpu.write_limit(pod.spec.vgpu_id, state.restore_limit)
+                    state.changed = False
+                except BackendError as err:
+                    self._count_error(pod, err)
+        if self.gpu is not None:
+            try:
+                self.gpu.commit()
+            except BackendError as err:
+                log.warning("GPU layer reload failed during restore: %s", err)
+        log.info("restored the limits of %d pods", len(self.registry.running))
+
+    # Export.
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready view of every pod, for `kuscale status`, the demo and exporters."""
+        pods = [*self.registry.running.values(), *self.registry.completed.values()]
+        return {
+            "time": time.time(),
+            "mode": self.cpu.mode,
+            "gpu_mode": self.gpu.mode if self.gpu else None,
+            "policy": self.policy.name,
+            "period": self.config.period,
+            "monitor_only": self.config.monitor_only,
+            "ticks": self.stats.ticks,
+            "tick_seconds": self.stats.last_duration,
+            "errors": dict(self.stats.errors),
+            "pods": [pod_view(pod) for pod in pods],
+        }
+
+
+def pod_view(pod: PodState) -> dict[str, Any]:
+    return {
+        "name": pod.spec.name,
+        "namespace": pod.spec.namespace,
+        "tokens": pod.spec.tokens,
+        "status": pod.status.value,
+        "reason": pod.reason,
+        "token_queue": pod.token_queue,
+        "updated_count": pod.updated_count,
+        "resources": {
+            resource.label: {
+                "usage": state.usage,
+                "avg_usage": state.avg_usage,
+                "limit": state.limit,
+                "weight": state.weight,
+                "price": state.price,
+                "demand": state.demand,
+                "starved": state.starved,
+            }
+            for resource, state in pod.resources.items()
+        },
+    }
