@@ -1,0 +1,3 @@
+from kuscale.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,270 @@
+"""The `kuscale` command: agent, launch, status, demo, and the helpers they start."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import re
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kuscale.backends.base import BackendError
+from kuscale.config import POLICY_NAMES, ConfigError, load_config
+from kuscale.local.statedir import StateDirError
+from kuscale.model import InvalidSpec, validate_pod_name, validate_tokens
+
+log = logging.getLogger("kuscale")
+
+STALE_PERIODS = 3
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        return validate_tokens(int(text))
+    except (ValueError, InvalidSpec):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _pod_name(text: str) -> str:
+    try:
+        return validate_pod_name(text)
+    except InvalidSpec as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _default_name(command: Sequence[str]) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", Path(command[0]).name.lower()).strip("-")[:50] or "pod"
+    return f"{base}-{uuid.uuid4().hex[:6]}"
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--period", type=_seconds, help="seconds between decisions")
+    parser.add_argument("--policy", choices=POLICY_NAMES, help="allocation rule")
+    parser.add_argument(
+        "--monitor-only",
+        action="store_true",
+        default=None,
+        help="measure and export, write no limit",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuscale", description=__doc__)
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log detail (-v info, -vv debug)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    agent = sub.add_parser("agent", help="run the node agent")
+    agent.add_argument(
+        "--local",
+        action="store_true",
+        required=True,
+        help="manage workloads on this machine (the embedded default)",
+    )
+    agent.add_argument("--state-dir", type=Path, required=True)
+    agent.add_argument("--gpus", type=int, default=1, help="GPUs behind the vGPU layer (0: none)")
+    agent.add_argument("--gpu-root", type=Path, help="vGPU layer root (default STATE/vgpu)")
+    _add_agent_options(agent)
+
+    launch = sub.add_parser("launch", help="run a command in a cgroup the agent manages")
+    launch.add_argument("--state-dir", type=Path, required=True)
+    launch.add_argument("--tokens", type=_positive_int, required=True)
+    launch.add_argument("--name", type=_pod_name)
+    launch.add_argument("--gpu", action="store_true", help="give it a vGPU on the GPU layer")
+    launch.add_argument("--cgroup-parent", default="kuscale")
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+
+    status = sub.add_parser("status", help="show every pod the local agent manages")
+    status.add_argument("--state-dir", type=Path, required=True)
+    status.add_argument("--json", action="store_true")
+
+    demo = sub.add_parser("demo", help="run three workloads under the agent and summarise")
+    demo.add_argument("--duration", type=_seconds, default=30.0)
+    demo.add_argument("--json", type=Path, dest="json_path")
+    demo.add_argument("--plot", type=Path, dest="plot_path")
+    demo.add_argument("--simulate", action="store_true", help="use a simulated node")
+    _add_agent_options(demo)
+
+    emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
+    emulator.add_argument("--state-dir", type=Path, required=True)
+
+    workload = sub.add_parser("workload", help="a synthetic workload of known demand")
+    workload.add_argument("--cpu", default="0:100", help="schedule SECONDS:PERCENT,...")
+    workload.add_argument("--gpu", help="GPU schedule (needs `launch --gpu`)")
+    workload.add_argument("--duration", type=_seconds, default=60.0)
+    workload.add_argument(
+        "--start-at",
+        type=float,
+        help="CLOCK_MONOTONIC second the schedule starts at (default: now)",
+    )
+    return parser
+
+
+def _config(args: argparse.Namespace, **extra: Any) -> Any:
+    overrides = {
+        "period": args.period,
+        "policy": args.policy,
+        "monitor_only": args.monitor_only,
+        **extra,
+    }
+    return load_config(args.config, overrides)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from kuscale.local.agent import LocalAgent
+    from kuscale.local.statedir import StateDir
+    from kuscale.monitor import Stop
+
+    if args.gpus < 0:
+        raise CliError("--gpus must be 0 or more")
+    config = _config(args)
+    agent = LocalAgent(StateDir(args.state_dir), config, gpus=args.gpus, gpu_root=args.gpu_root)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        agent.monitor.submit(Stop())
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info(
+        "agent running: %s, policy %s, period %.3g s%s",
+        agent.cgroups.mode,
+        config.policy,
+        config.period,
+        " (monitor only)" if config.monitor_only else "",
+    )
+    agent.run()
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from kuscale.backends.cgroup import detect
+    from kuscale.local.launch import exec_in_cgroup, prepare
+    from kuscale.local.statedir import StateDir
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise CliError("no command: use `kuscale launch ... -- COMMAND ARGS...`")
+    try:
+        validate_pod_name(args.cgroup_parent)
+    except InvalidSpec as err:
+        raise CliError(f"--cgroup-parent: {err}") from None
+    state = StateDir(args.state_dir).ensure()
+    cgroups = detect()
+    name = args.name or _default_name(command)
+    spec = prepare(state, cgroups, args.cgroup_parent, name, args.tokens, args.gpu, command)
+    exec_in_cgroup(state, cgroups, spec, command)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from kuscale.local.statedir import StateDir
+    from kuscale.views import status_lines
+
+    state = StateDir(args.state_dir)
+    snapshot = state.read_status()
+    if snapshot is None:
+        raise CliError(
+            f"no agent has written a status in {args.state_dir} "
+            f"(start one with `kuscale agent --local --state-dir {args.state_dir}`)"
+        )
+    age = time.time() - float(snapshot.get("time", 0))
+    snapshot["age_seconds"] = age
+    snapshot["stale"] = age > STALE_PERIODS * float(snapshot.get("period", 1.0))
+    if args.json:
+        print(json.dumps(snapshot, indent=2))
+        return 0
+    if snapshot["stale"]:
+        print(f"warning: the agent has not written a status for {age:.1f} s; it may be stopped")
+    print("\n".join(status_lines(snapshot)))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kuscale.demo import run_demo
+
+    config = _config(args, period=args.period or 0.5)
+    run_demo(config, args.duration, args.json_path, args.plot_path, args.simulate, Console())
+    return 0
+
+
+def cmd_gpu_emulator(args: argparse.Namespace) -> int:
+    from kuscale.gpuemu.emulator import GpuEmulator
+    from kuscale.local.statedir import StateDir
+
+    state = StateDir(args.state_dir).ensure()
+    emulator = GpuEmulator(state.vgpu, state.gpu_socket)
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(emulator.serve())
+    return 0
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from kuscale.gpuemu.client import GpuClientError, from_environment
+    from kuscale.workload import Schedule, run
+
+    try:
+        cpu = Schedule.parse(args.cpu)
+        gpu = Schedule.parse(args.gpu) if args.gpu else None
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    socket_path, vgpu_id = from_environment()
+    try:
+        run(cpu, gpu, args.duration, socket_path, vgpu_id, args.start_at)
+    except (GpuClientError, ValueError) as err:
+        raise CliError(str(err)) from None
+    return 0
+
+
+COMMANDS = {
+    "agent": cmd_agent,
+    "launch": cmd_launch,
+    "status": cmd_status,
+    "demo": cmd_demo,
+    "gpu-emulator": cmd_gpu_emulator,
+    "workload": cmd_workload,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, ConfigError, BackendError, InvalidSpec, StateDirError, OSError) as err:
+        print(f"kuscale {args.command}: error: {err}", file=sys.stderr)
+        return 2
