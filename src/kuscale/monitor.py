@@ -9,6 +9,7 @@ it never stops the others or the loop.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import time
 from collections import Counter, deque
@@ -58,12 +59,15 @@ Event = PodAdded | PodRemoved | Stop
 
 @dataclass(slots=True)
 class _Measured:
-    """One pod's usage over its last interval, ready for the policy."""
+    """One pod's usage over its last interval, with what it held, ready for the policy."""
 
     pod: PodState
     elapsed: float
     usage: list[float]
     starved: list[bool]
+    uses: list[bool]
+    prior: list[list[float]]
+    """Per resource: the limit held, the EWMA average so far, the last demand estimate."""
 
 
 @dataclass(slots=True)
@@ -96,6 +100,7 @@ class Monitor:
         self.on_tick = on_tick
         self.on_completed = on_completed
         self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
+        self._ceilings = self.capacity.tolist()
         self._prices = config.policy_config.prices()
         self._stopping = False
 
@@ -198,8 +203,8 @@ class Monitor:
 
     # The tick.
 
-    def tick(self, now: float) -> dict[str, Any]:
-        """One pass over every running pod; returns the snapshot it exported."""
+    def tick(self, now: float) -> None:
+        """One pass over every running pod; the snapshot is built only for a listener."""
         started = time.perf_counter()
         self._drain(now)
         measured = [
@@ -208,7 +213,7 @@ class Monitor:
             if (m := self._measure(pod, now)) is not None
         ]
         if measured:
-            self._decide(measured, now)
+            self._decide(measured)
         if self.gpu is not None and not self.config.monitor_only:
             try:
                 self.gpu.commit()
@@ -218,10 +223,8 @@ class Monitor:
         self.stats.ticks += 1
         self.stats.last_tick = now
         self.stats.last_duration = time.perf_counter() - started
-        snapshot = self.snapshot()
         if self.on_tick:
-            self.on_tick(snapshot)
-        return snapshot
+            self.on_tick(self.snapshot())
 
     def _measure(self, pod: PodState, now: float) -> _Measured | None:
         try:
@@ -264,26 +267,30 @@ class Monitor:
         starved = [False, False]
         usage[Resource.CPU] = min(
             (counters.usage_ns - previous_cpu.usage_ns) * 100.0 / wall_ns,
-            float(self.capacity[Resource.CPU]),
+            self._ceilings[Resource.CPU],
         )
         starved[Resource.CPU] = counters.nr_throttled > previous_cpu.nr_throttled
         if busy_gpu is not None and previous_gpu is not None:
             usage[Resource.GPU] = min(
-                (busy_gpu - previous_gpu) * 100.0 / wall_ns, float(self.capacity[Resource.GPU])
+                (busy_gpu - previous_gpu) * 100.0 / wall_ns, self._ceilings[Resource.GPU]
             )
-        tolerance = self.config.policy_config.pin_tolerance
+        threshold = 1.0 - self.config.policy_config.pin_tolerance
+        uses = [False, False]
+        prior = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
         for resource, state in pod.resources.items():
-            pinned = usage[resource] >= (1.0 - tolerance) * state.limit
-            starved[resource] = starved[resource] or pinned
-        return _Measured(pod, elapsed, usage, starved)
+            uses[resource] = True
+            prior[0][resource] = state.limit
+            prior[1][resource] = state.avg_usage
+            prior[2][resource] = state.demand
+            starved[resource] = starved[resource] or usage[resource] >= threshold * state.limit
+        return _Measured(pod, elapsed, usage, starved, uses, prior)
 
-    def _decide(self, measured: list[_Measured], now: float) -> None:
-        resources = [[m.pod.resources.get(r) for r in RESOURCES] for m in measured]
-        uses = np.array([[s is not None for s in row] for row in resources])
+    def _decide(self, measured: list[_Measured]) -> None:
+        uses = np.array([m.uses for m in measured])
+        prior = np.array([m.prior for m in measured], dtype=np.float64)
         usage = np.array([m.usage for m in measured], dtype=np.float64)
         weight = self.config.policy_config.ewma_weight
-        avg = np.array([[s.avg_usage if s else 0.0 for s in row] for row in resources])
-        avg = np.where(uses, avg + weight * (usage - avg), 0.0)
+        avg = np.where(uses, prior[:, 1] + weight * (usage - prior[:, 1]), 0.0)
         obs = Observation(
             period=self.config.period,
             elapsed=np.array([m.elapsed for m in measured], dtype=np.float64),
@@ -291,35 +298,46 @@ class Monitor:
             queue=np.array([m.pod.token_queue for m in measured], dtype=np.float64),
             usage=usage,
             avg_usage=avg,
-            limits=np.array([[s.limit if s else 0.0 for s in row] for row in resources]),
+            limits=prior[:, 0],
             starved=np.array([m.starved for m in measured]) & uses,
-            demand=np.array([[s.demand if s else 0.0 for s in row] for row in resources]),
+            demand=prior[:, 2],
             uses=uses,
             capacity=self.capacity,
         )
         decision = self.policy.decide(obs)
-        for i, m in enumerate(measured):
+        rows = zip(
+            measured,
+            decision.queue.tolist(),
+            decision.limits.tolist(),
+            decision.weights.tolist(),
+            decision.demand.tolist(),
+            usage.tolist(),
+            avg.tolist(),
+            obs.starved.tolist(),
+            strict=True,
+        )
+        for m, token_queue, limits, weights, demand, used, average, starved in rows:
             pod = m.pod
-            pod.token_queue = float(decision.queue[i])
+            pod.token_queue = token_queue
             pod.updated_count += 1
             for resource, state in pod.resources.items():
-                state.usage = float(usage[i, resource])
-                state.avg_usage = float(avg[i, resource])
+                state.usage = used[resource]
+                state.avg_usage = average[resource]
                 state.history.append(state.usage)
-                state.starved = bool(obs.starved[i, resource])
-                state.weight = float(decision.weights[i, resource])
-                state.demand = float(decision.demand[i, resource])
-                self._write(pod, resource, state, float(decision.limits[i, resource]))
+                state.starved = starved[resource]
+                state.weight = weights[resource]
+                state.demand = demand[resource]
+                self._write(pod, resource, state, limits[resource])
 
     def _write(self, pod: PodState, resource: Resource, state: ResourceState, limit: float) -> None:
         """Actuate one limit; on failure the pod keeps (and is charged for) the old one."""
-        if not np.isfinite(limit) or limit <= 0:
+        if not math.isfinite(limit) or limit <= 0:
             self.stats.errors["invalid"] += 1
             log.error(
                 "pod %s: policy gave %s limit %r; not written", pod.key, resource.label, limit
             )
             return
-        ceiling = float(self.capacity[resource])
+        ceiling = self._ceilings[resource]
         if limit > ceiling:
             log.info(
                 "pod %s: %s limit %.1f clamped to the node's %.1f",

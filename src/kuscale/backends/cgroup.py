@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, RangeError
-from kuscale.backends.files import confine, parse_int, parse_keyed, read_text, write_text
+from kuscale.backends.files import (
+    DescriptorCache,
+    confine,
+    parse_int,
+    parse_keyed,
+    read_text,
+    write_text,
+)
 from kuscale.model import CpuCounters
 
 MIN_QUOTA_US = 1000
@@ -45,8 +52,15 @@ def quota_to_limit(quota_us: int, period_us: int) -> float | None:
     return quota_us * 100.0 / period_us
 
 
+PERIOD_CACHE_SIZE = 65536
+
+
 class _CgroupTree:
-    """Shared by v1 and v2: cgroup directories under one or two roots."""
+    """Shared by v1 and v2: cgroup directories under one or two roots.
+
+    The CFS period of each cgroup is read once and remembered: kuscale owns the quota, not
+    the period, and re-reading it before every write would cost a file open per pod per tick.
+    """
 
     mode = ""
 
@@ -54,54 +68,68 @@ class _CgroupTree:
         self.cpu_root = cpu_root
         self.usage_root = usage_root
         self._capacity = node_cpu_capacity()
+        self._periods: dict[str, int] = {}
+        self._files = DescriptorCache(truncate=not is_cgroup_mount(cpu_root))
 
     def _roots(self) -> tuple[Path, ...]:
-        return (
-            (self.cpu_root,)
-            if self.cpu_root == self.usage_root
-            else (self.cpu_root, self.usage_root)
-        )
+        if self.cpu_root == self.usage_root:
+            return (self.cpu_root,)
+        return (self.cpu_root, self.usage_root)
 
     def capacity(self) -> float:
         return self._capacity
 
     def exists(self, cgroup: str) -> bool:
-        return confine(self.cpu_root, cgroup).is_dir()
+        return os.path.isdir(confine(self.cpu_root, cgroup))
 
     def is_empty(self, cgroup: str) -> bool:
-        return not read_text(confine(self.cpu_root, cgroup) / "cgroup.procs").strip()
+        """Opened afresh each time: v1 keeps a pid list per open file, so a pread repeats it."""
+        return not read_text(confine(self.cpu_root, cgroup) + "/cgroup.procs").strip()
 
     def create(self, cgroup: str) -> None:
         """Make the cgroup in every hierarchy this backend reads, parents included."""
         for root in self._roots():
             try:
-                confine(root, cgroup).mkdir(parents=True, exist_ok=True)
+                os.makedirs(confine(root, cgroup), exist_ok=True)
             except OSError as err:
                 raise BackendError(f"cannot create cgroup {cgroup} under {root}: {err}") from err
 
     def attach(self, cgroup: str, pid: int) -> None:
         for root in self._roots():
-            write_text(confine(root, cgroup) / "cgroup.procs", str(pid))
+            write_text(confine(root, cgroup) + "/cgroup.procs", str(pid))
 
     def remove(self, cgroup: str) -> None:
         """Remove an empty cgroup; one already gone is fine."""
+        self._periods.pop(cgroup, None)
         for root in self._roots():
+            self._files.forget(confine(root, cgroup))
             try:
-                confine(root, cgroup).rmdir()
+                os.rmdir(confine(root, cgroup))
             except FileNotFoundError:
                 continue
             except OSError as err:
                 raise BackendError(f"cannot remove cgroup {cgroup} under {root}: {err}") from err
+
+    def _read_period(self, cgroup: str) -> int:
+        raise NotImplementedError
+
+    def _period(self, cgroup: str) -> int:
+        period = self._periods.get(cgroup)
+        if period is None:
+            if len(self._periods) >= PERIOD_CACHE_SIZE:
+                self._periods.clear()
+            period = self._periods[cgroup] = self._read_period(cgroup)
+        return period
 
 
 class CgroupV1(_CgroupTree):
     mode = "cgroup-v1"
 
     def read(self, cgroup: str) -> CpuCounters:
-        usage_path = confine(self.usage_root, cgroup) / "cpuacct.usage"
-        stat_path = confine(self.cpu_root, cgroup) / "cpu.stat"
-        usage = parse_int(read_text(usage_path), usage_path)
-        stat = parse_keyed(read_text(stat_path), stat_path)
+        usage_path = confine(self.usage_root, cgroup) + "/cpuacct.usage"
+        stat_path = confine(self.cpu_root, cgroup) + "/cpu.stat"
+        usage = parse_int(self._files.read(usage_path), usage_path)
+        stat = parse_keyed(self._files.read(stat_path), stat_path)
         return CpuCounters(
             usage_ns=usage,
             nr_periods=stat.get("nr_periods", 0),
@@ -109,24 +137,23 @@ class CgroupV1(_CgroupTree):
             throttled_ns=stat.get("throttled_time", 0),
         )
 
-    def _period(self, directory: Path) -> int:
-        path = directory / "cpu.cfs_period_us"
+    def _read_period(self, cgroup: str) -> int:
+        path = confine(self.cpu_root, cgroup) + "/cpu.cfs_period_us"
         return parse_int(read_text(path), path)
 
     def read_limit(self, cgroup: str) -> float | None:
-        directory = confine(self.cpu_root, cgroup)
-        path = directory / "cpu.cfs_quota_us"
+        path = confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us"
         text = read_text(path).strip()
         try:
             quota = int(text)
         except ValueError as err:
             raise BackendError(f"{path} holds {text[:40]!r}, not a quota") from err
-        return quota_to_limit(quota, self._period(directory))
+        self._periods.pop(cgroup, None)
+        return quota_to_limit(quota, self._period(cgroup))
 
     def write_limit(self, cgroup: str, limit: float | None) -> None:
-        directory = confine(self.cpu_root, cgroup)
-        value = "-1" if limit is None else str(limit_to_quota(limit, self._period(directory)))
-        write_text(directory / "cpu.cfs_quota_us", value)
+        value = "-1" if limit is None else str(limit_to_quota(limit, self._period(cgroup)))
+        self._files.write(confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us", value)
 
 
 class CgroupV2(_CgroupTree):
@@ -139,14 +166,14 @@ class CgroupV2(_CgroupTree):
             parent = (
                 confine(self.cpu_root, "/".join(parts[: depth - 1]))
                 if depth > 1
-                else (self.cpu_root)
+                else (str(self.cpu_root))
             )
-            write_text(parent / "cgroup.subtree_control", "+cpu")
+            write_text(parent + "/cgroup.subtree_control", "+cpu")
             super().create("/".join(parts[:depth]))
 
     def read(self, cgroup: str) -> CpuCounters:
-        path = confine(self.cpu_root, cgroup) / "cpu.stat"
-        stat = parse_keyed(read_text(path), path)
+        path = confine(self.cpu_root, cgroup) + "/cpu.stat"
+        stat = parse_keyed(self._files.read(path), path)
         if "usage_usec" not in stat:
             raise BackendError(f"{path} has no usage_usec")
         return CpuCounters(
@@ -156,9 +183,9 @@ class CgroupV2(_CgroupTree):
             throttled_ns=stat.get("throttled_usec", 0) * 1000,
         )
 
-    def _cpu_max(self, directory: Path) -> tuple[int, int]:
+    def _cpu_max(self, cgroup: str) -> tuple[int, int]:
         """cpu.max as (quota µs or -1 for max, period µs)."""
-        path = directory / "cpu.max"
+        path = confine(self.cpu_root, cgroup) + "/cpu.max"
         fields = read_text(path).split()
         if (
             len(fields) != 2
@@ -171,15 +198,18 @@ class CgroupV2(_CgroupTree):
         quota = -1 if fields[0] == "max" else int(fields[0])
         return quota, int(fields[1])
 
+    def _read_period(self, cgroup: str) -> int:
+        return self._cpu_max(cgroup)[1]
+
     def read_limit(self, cgroup: str) -> float | None:
-        quota, period = self._cpu_max(confine(self.cpu_root, cgroup))
+        quota, period = self._cpu_max(cgroup)
+        self._periods[cgroup] = period
         return quota_to_limit(quota, period)
 
     def write_limit(self, cgroup: str, limit: float | None) -> None:
-        directory = confine(self.cpu_root, cgroup)
-        _, period = self._cpu_max(directory)
+        period = self._period(cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
-        write_text(directory / "cpu.max", f"{quota} {period}")
+        self._files.write(confine(self.cpu_root, cgroup) + "/cpu.max", f"{quota} {period}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +231,14 @@ def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Mount]:
             path = Path(fields[4].encode().decode("unicode_escape"))
             mounts.append(Mount(path, tail_fields[0], frozenset(tail_fields[2].split(","))))
     return mounts
+
+
+def is_cgroup_mount(path: Path) -> bool:
+    """True when `path` is where a cgroup filesystem is mounted (not a fixture tree)."""
+    try:
+        return any(m.path == path for m in read_mounts())
+    except OSError:
+        return False
 
 
 def detect(mounts: list[Mount] | None = None) -> CgroupV1 | CgroupV2:

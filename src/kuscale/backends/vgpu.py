@@ -49,7 +49,7 @@ class VgpuLayer:
             validate_vgpu_id(vgpu_id)
         except ValueError as err:
             raise BackendError(str(err)) from err
-        return confine(self.root, vgpu_id)
+        return Path(confine(self.root, vgpu_id))
 
     def exists(self, vgpu_id: str) -> bool:
         return self._dir(vgpu_id).is_dir()

@@ -1,0 +1,194 @@
+"""The monitor loop over a simulated node: lifecycle, isolation of failures, restore."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from kuscale.backends.base import CounterError
+from kuscale.config import AgentConfig
+from kuscale.model import CpuCounters, PodSpec, PodStatus, Resource
+from kuscale.monitor import Monitor, PodAdded, PodRemoved, Stop
+from kuscale.sim.node import SimCpu, SimGpu, SimNode, SimPod
+from kuscale.sim.run import run_simulation
+from kuscale.workload import Schedule
+
+CONFIG = AgentConfig(period=0.5)
+
+
+def pod(
+    node: SimNode,
+    name: str,
+    cpu: str = "0:100",
+    gpu: str | None = None,
+    tokens: int = 300,
+    end: float = float("inf"),
+) -> PodSpec:
+    node.add(
+        name, SimPod(cpu=Schedule.parse(cpu), gpu=Schedule.parse(gpu) if gpu else None, end=end)
+    )
+    return PodSpec(name=name, tokens=tokens, cgroup=name, vgpu_id=name if gpu else None, owned=True)
+
+
+def make(node: SimNode, config: AgentConfig = CONFIG, gpu: bool = True) -> Monitor:
+    return Monitor(SimCpu(node), SimGpu(node) if gpu else None, config)
+
+
+def step(node: SimNode, monitor: Monitor, ticks: int) -> None:
+    for _ in range(ticks):
+        node.advance(monitor.config.period)
+        monitor.tick(node.now)
+
+
+def test_a_new_pod_starts_at_ten_and_follows_demand() -> None:
+    node = SimNode()
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "busy")))
+    monitor.tick(node.now)
+    state = monitor.registry.running["local/busy"]
+    assert state.status is PodStatus.RUNNING
+    assert node.pods["busy"].cpu_limit == 10.0
+    step(node, monitor, 20)
+    assert node.pods["busy"].cpu_limit is not None
+    assert node.pods["busy"].cpu_limit >= 90.0
+    assert state.updated_count == 20
+    assert len(state.resources[Resource.CPU].history) == CONFIG.window
+
+
+def test_small_budget_never_spent_above_its_tokens() -> None:
+    node = SimNode()
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "thrifty", tokens=30)))
+    monitor.tick(node.now)
+    for _ in range(40):
+        step(node, monitor, 1)
+        assert node.pods["thrifty"].cpu_limit is not None
+        assert node.pods["thrifty"].cpu_limit <= 30.0 + 1e-9
+
+
+def test_a_pod_whose_cgroup_disappears_completes_and_the_rest_go_on() -> None:
+    node = SimNode()
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "a")))
+    monitor.submit(PodAdded(pod(node, "b")))
+    step(node, monitor, 2)
+    del node.pods["a"]
+    step(node, monitor, 2)
+    assert "local/a" in monitor.registry.completed
+    assert monitor.registry.completed["local/a"].status is PodStatus.COMPLETED
+    assert monitor.registry.running["local/b"].updated_count == 3
+
+
+def test_an_owned_pod_whose_processes_exit_completes_and_is_removed() -> None:
+    node = SimNode()
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "short", end=1.0)))
+    step(node, monitor, 4)
+    assert "local/short" in monitor.registry.completed
+    assert "short" not in node.pods
+
+
+class FlakyCpu(SimCpu):
+    """Garbage for one pod, counters that go backwards for another."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__(node)
+        self.rewind = False
+
+    def read(self, cgroup: str) -> CpuCounters:
+        if cgroup == "garbage":
+            raise CounterError("cpuacct.usage holds 'xyz'")
+        counters = super().read(cgroup)
+        if cgroup == "rewound" and self.rewind:
+            return replace(counters, usage_ns=0)
+        return counters
+
+
+def test_failures_on_one_pod_are_counted_and_never_stop_the_others() -> None:
+    node = SimNode()
+    cpu = FlakyCpu(node)
+    monitor = Monitor(cpu, SimGpu(node), CONFIG)
+    for name in ("garbage", "rewound", "healthy"):
+        monitor.submit(PodAdded(pod(node, name)))
+    step(node, monitor, 3)
+    cpu.rewind = True
+    step(node, monitor, 1)
+    assert monitor.stats.errors["backwards"] == 1
+    assert monitor.stats.errors["garbage"] >= 1
+    assert monitor.registry.running["local/garbage"].status is PodStatus.NOT_READY
+    assert monitor.registry.running["local/healthy"].updated_count == 3
+    assert monitor.registry.running["local/rewound"].updated_count == 2
+
+
+def test_monitor_only_measures_and_writes_nothing() -> None:
+    node = SimNode()
+    monitor = make(node, replace(CONFIG, monitor_only=True))
+    monitor.submit(PodAdded(pod(node, "watched", gpu="0:50")))
+    step(node, monitor, 5)
+    assert node.pods["watched"].cpu_limit is None
+    assert node.pods["watched"].gpu_limit is None
+    state = monitor.registry.running["local/watched"]
+    assert state.resources[Resource.CPU].usage == pytest.approx(100.0)
+    assert state.resources[Resource.GPU].usage == pytest.approx(50.0)
+
+
+def test_a_gpu_pod_on_a_node_without_gpu_is_refused_with_a_reason() -> None:
+    node = SimNode()
+    monitor = make(node, gpu=False)
+    monitor.submit(PodAdded(pod(node, "wants-gpu", gpu="0:50")))
+    monitor.tick(node.now)
+    snapshot = monitor.snapshot()
+    view = next(p for p in snapshot["pods"] if p["name"] == "wants-gpu")
+    assert view["status"] == "refused"
+    assert "GPU" in view["reason"]
+    assert node.pods["wants-gpu"].cpu_limit is None
+
+
+def test_removed_pods_are_released() -> None:
+    node = SimNode()
+    monitor = make(node)
+    spec = pod(node, "leaving")
+    monitor.submit(PodAdded(spec))
+    step(node, monitor, 1)
+    monitor.submit(PodRemoved(spec.key))
+    step(node, monitor, 1)
+    assert spec.key in monitor.registry.completed
+
+
+def test_restore_puts_back_what_was_there_before() -> None:
+    node = SimNode()
+    spec = pod(node, "had-limit", gpu="0:100")
+    node.pods["had-limit"].cpu_limit = 150.0
+    monitor = make(node)
+    monitor.submit(PodAdded(spec))
+    step(node, monitor, 3)
+    assert node.pods["had-limit"].cpu_limit != 150.0
+    monitor.restore()
+    assert node.pods["had-limit"].cpu_limit == 150.0
+    assert node.pods["had-limit"].gpu_limit is None
+
+
+def test_run_stops_on_a_stop_event_and_restores() -> None:
+    node = SimNode()
+    monitor = make(node, replace(CONFIG, period=0.05))
+    monitor.submit(PodAdded(pod(node, "busy")))
+    thread = threading.Thread(target=monitor.run)
+    thread.start()
+    while monitor.stats.ticks < 3:
+        threading.Event().wait(0.01)
+    monitor.submit(Stop())
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert node.pods["busy"].cpu_limit is None
+
+
+def test_the_original_rule_never_writes_more_than_the_node_has() -> None:
+    node = SimNode(cores=2, gpus=1)
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "greedy", cpu="0:300", gpu="0:100", tokens=5000)))
+    run_simulation(node, monitor, 20.0)
+    assert monitor.stats.errors["clamped"] > 0
+    assert monitor.stats.errors.get("range", 0) == 0
+    assert monitor.registry.running["local/greedy"].resources[Resource.GPU].limit <= 100.0
