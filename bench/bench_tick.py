@@ -1,0 +1,154 @@
+"""One monitor tick (sample → decide → actuate → export) at 10, 110 and 1000 pods.
+
+Pods live in cgroup v1 trees shaped like the kernel's, on tmpfs, so the cost measured is the
+agent's own: file reads and writes, the policy, the snapshot. Between ticks (untimed) every
+pod's counters advance by a usage that changes over time, so limits move and get written.
+Ten pods are also measured on this machine's real cgroups when they are writable.
+
+Run with `make bench`; prints microseconds per pod per tick and resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kuscale.backends.base import BackendError
+from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.config import AgentConfig
+from kuscale.model import PodSpec
+from kuscale.monitor import Monitor, PodAdded
+
+PERIOD = 0.5
+
+
+def make_tree(root: Path, pods: int) -> CgroupV1:
+    for i in range(pods):
+        cpu, acct = root / "cpu" / f"pod-{i}", root / "cpuacct" / f"pod-{i}"
+        cpu.mkdir(parents=True)
+        acct.mkdir(parents=True)
+        (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+        (cpu / "cpu.cfs_period_us").write_text("100000\n")
+        (cpu / "cpu.stat").write_text("nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
+        (cpu / "cgroup.procs").write_text("")
+        (acct / "cpuacct.usage").write_text("0\n")
+    return CgroupV1(root / "cpu", root / "cpuacct")
+
+
+def advance(root: Path, pods: int, tick: int, usage_ns: list[int]) -> None:
+    """Each pod's usage swings between 5 % and 95 % of a core with its own phase."""
+    for i in range(pods):
+        percent = 50 + 45 * math.sin(tick / 20 + i)
+        usage_ns[i] += int(percent / 100 * PERIOD * 1e9)
+        (root / "cpuacct" / f"pod-{i}" / "cpuacct.usage").write_text(f"{usage_ns[i]}\n")
+
+
+def monitor_for(cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "") -> Monitor:
+    monitor = Monitor(cgroups, None, AgentConfig(period=PERIOD))
+    for i in range(pods):
+        monitor.submit(PodAdded(PodSpec(name=f"pod-{i}", tokens=100 + i % 400,
+                                        cgroup=f"{prefix}pod-{i}")))
+    monitor.tick(0.0)
+    return monitor
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mib() -> float:
+    fields = Path("/proc/self/statm").read_text().split()
+    return int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def bench_fixture(pods: int, ticks: int) -> list[float]:
+    root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
+    try:
+        cgroups = make_tree(root, pods)
+        monitor = monitor_for(cgroups, pods)
+        usage = [0] * pods
+        durations = []
+        for tick in range(1, ticks + 1):
+            advance(root, pods, tick, usage)
+            started = time.perf_counter()
+            monitor.tick(tick * PERIOD)
+            durations.append(time.perf_counter() - started)
+        return durations
+    finally:
+        shutil.rmtree(root)
+
+
+def bench_memory(pods: int, ticks: int) -> list[tuple[int, float]]:
+    root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
+    try:
+        cgroups = make_tree(root, pods)
+        monitor = monitor_for(cgroups, pods)
+        usage = [0] * pods
+        marks = []
+        for tick in range(1, ticks + 1):
+            advance(root, pods, tick, usage)
+            monitor.tick(tick * PERIOD)
+            if tick in (100, 1000, ticks // 2, ticks):
+                marks.append((tick, current_rss_mib()))
+        return marks
+    finally:
+        shutil.rmtree(root)
+
+
+def bench_real(pods: int, ticks: int) -> list[float] | None:
+    try:
+        cgroups = detect()
+        parent = f"kuscale-bench-{uuid.uuid4().hex[:6]}"
+        for i in range(pods):
+            cgroups.create(f"{parent}/pod-{i}")
+    except (BackendError, OSError) as err:
+        print(f"real cgroups: skipped ({err})")
+        return None
+    try:
+        monitor = monitor_for(cgroups, pods, prefix=f"{parent}/")
+        durations = []
+        for tick in range(1, ticks + 1):
+            started = time.perf_counter()
+            monitor.tick(tick * PERIOD)
+            durations.append(time.perf_counter() - started)
+        return durations
+    finally:
+        for i in range(pods):
+            cgroups.remove(f"{parent}/pod-{i}")
+        cgroups.remove(parent)
+
+
+def report(label: str, pods: int, durations: list[float]) -> None:
+    median = statistics.median(durations)
+    p95 = sorted(durations)[int(0.95 * (len(durations) - 1))]
+    print(f"{label:<26} {pods:>5} pods  tick median {median * 1e3:8.3f} ms  "
+          f"p95 {p95 * 1e3:8.3f} ms  {median / pods * 1e6:7.1f} µs/pod")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ticks", type=int, default=200)
+    parser.add_argument("--memory-ticks", type=int, default=10_000)
+    args = parser.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs; period {PERIOD} s; policy kuscale-2022")
+    for pods in (10, 110, 1000):
+        report("fixture v1 tree (tmpfs)", pods, bench_fixture(pods, args.ticks))
+    real = bench_real(10, args.ticks)
+    if real is not None:
+        report("real cgroup v1/v2", 10, real)
+    marks = bench_memory(110, args.memory_ticks)
+    print("resident memory, 110 pods: " + ", ".join(
+        f"{mib:.1f} MiB after {tick} ticks" for tick, mib in marks))
+    print(f"peak resident memory of the benchmark process: {rss_mib():.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Shared fixtures: real cgroups under a unique name, and trees shaped like the kernel's files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kuscale.backends.base import BackendError
+from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.policy.base import Observation
+
+
+@pytest.fixture
+def real_cgroups() -> Iterator[tuple[CgroupV1 | CgroupV2, str]]:
+    """A writable cgroup hierarchy and a unique parent name; everything under it is removed."""
+    if os.geteuid() != 0:
+        pytest.skip("real cgroup tests need root")
+    try:
+        cgroups = detect()
+    except BackendError as err:
+        pytest.skip(f"no cpu cgroup controller: {err}")
+    parent = f"kuscale-test-{uuid.uuid4().hex[:8]}"
+    try:
+        cgroups.create(parent)
+    except (BackendError, OSError) as err:
+        pytest.skip(f"cgroups are not writable here: {err}")
+    yield cgroups, parent
+    for root in {cgroups.cpu_root, cgroups.usage_root}:
+        _remove_tree(root / parent)
+
+
+def _remove_tree(directory: Path) -> None:
+    """Kill what is left in a test cgroup tree, then remove it bottom-up."""
+    if not directory.exists():
+        return
+    for child in sorted(
+        (p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+    ):
+        _kill_procs(child)
+        child.rmdir()
+    _kill_procs(directory)
+    directory.rmdir()
+
+
+def _kill_procs(directory: Path) -> None:
+    for line in (directory / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(line), signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    for _ in range(100):
+        if not (directory / "cgroup.procs").read_text().strip():
+            return
+        time.sleep(0.01)
+
+
+def write_files(directory: Path, files: dict[str, str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+V1_CPU_FILES = {
+    "cpu.cfs_quota_us": "-1\n",
+    "cpu.cfs_period_us": "100000\n",
+    "cpu.stat": "nr_periods 10\nnr_throttled 2\nthrottled_time 5000000\nnr_bursts 0\n"
+    "burst_time 0\n",
+    "cpu.shares": "1024\n",
+    "cgroup.procs": "",
+}
+V1_CPUACCT_FILES = {"cpuacct.usage": "123456789\n", "cgroup.procs": ""}
+V2_FILES = {
+    "cpu.stat": "usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 7\n"
+    "nr_throttled 3\nthrottled_usec 900\nnr_bursts 0\nburst_usec 0\n",
+    "cpu.max": "max 100000\n",
+    "cpu.weight": "100\n",
+    "cgroup.procs": "",
+    "cgroup.subtree_control": "",
+}
+
+
+@pytest.fixture
+def v1_tree(tmp_path: Path) -> CgroupV1:
+    """Separate cpu and cpuacct mounts with one pod cgroup, `pods/a`, as the kernel lays them."""
+    write_files(tmp_path / "cpu" / "pods" / "a", V1_CPU_FILES)
+    write_files(tmp_path / "cpuacct" / "pods" / "a", V1_CPUACCT_FILES)
+    return CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct")
+
+
+@pytest.fixture
+def v2_tree(tmp_path: Path) -> CgroupV2:
+    write_files(tmp_path, {"cgroup.subtree_control": "", "cgroup.controllers": "cpu io memory"})
+    write_files(tmp_path / "pods", {"cgroup.subtree_control": ""})
+    write_files(tmp_path / "pods" / "a", V2_FILES)
+    return CgroupV2(tmp_path, tmp_path)
+
+
+def observation(
+    usage: list[list[float]],
+    tokens: list[float],
+    period: float = 1.0,
+    uses: list[list[bool]] | None = None,
+    limits: list[list[float]] | None = None,
+    queue: list[float] | None = None,
+    avg_usage: list[list[float]] | None = None,
+    elapsed: list[float] | None = None,
+    starved: list[list[bool]] | None = None,
+    demand: list[list[float]] | None = None,
+    capacity: tuple[float, float] = (200.0, 100.0),
+) -> Observation:
+    """An observation from plain lists; defaults: CPU only, limits 10, empty queue."""
+    n = len(tokens)
+    use = np.array(uses if uses is not None else [[True, False]] * n)
+    u = np.array(usage, dtype=np.float64)
+    return Observation(
+        period=period,
+        elapsed=np.array(elapsed or [period] * n, dtype=np.float64),
+        tokens=np.array(tokens, dtype=np.float64),
+        queue=np.array(queue or [0.0] * n, dtype=np.float64),
+        usage=u,
+        avg_usage=np.array(avg_usage, dtype=np.float64) if avg_usage is not None else u.copy(),
+        limits=np.where(
+            use, np.array(limits, dtype=np.float64) if limits is not None else 10.0, 0.0
+        ),
+        starved=np.array(starved, dtype=bool) if starved is not None else np.zeros_like(use),
+        demand=np.array(demand, dtype=np.float64) if demand is not None else u.copy(),
+        uses=use,
+        capacity=np.array(capacity, dtype=np.float64),
+    )

@@ -1,0 +1,181 @@
+"""Local mode end to end on this machine's real cgroups: agent, launch, status, restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
+
+KUSCALE = [sys.executable, "-m", "kuscale"]
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+@dataclass
+class LocalNode:
+    state: Path
+    cgroups: CgroupV1 | CgroupV2
+    parent: str
+    agent: subprocess.Popen[bytes] | None = None
+
+    def start_agent(self, *extra: str) -> None:
+        self.agent = subprocess.Popen(
+            [
+                *KUSCALE,
+                "agent",
+                "--local",
+                "--state-dir",
+                str(self.state),
+                "--period",
+                "0.5",
+                "--gpus",
+                "0",
+                *extra,
+            ]
+        )
+
+    def launch(self, name: str, tokens: int, command: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                *KUSCALE,
+                "launch",
+                "--state-dir",
+                str(self.state),
+                "--tokens",
+                str(tokens),
+                "--name",
+                name,
+                "--cgroup-parent",
+                self.parent,
+                "--",
+                *command,
+            ]
+        )
+
+    def status(self) -> dict[str, Any]:
+        out = subprocess.run(
+            [*KUSCALE, "status", "--state-dir", str(self.state), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        data: dict[str, Any] = json.loads(out.stdout)
+        return data
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        try:
+            pods = self.status()["pods"]
+        except subprocess.CalledProcessError:
+            return None
+        return next((p for p in pods if p["name"] == name), None)
+
+
+@pytest.fixture
+def node(tmp_path: Path, real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> Iterator[LocalNode]:
+    cgroups, parent = real_cgroups
+    local = LocalNode(tmp_path / "state", cgroups, parent)
+    yield local
+    if local.agent is not None and local.agent.poll() is None:
+        local.agent.kill()
+        local.agent.wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.25) -> float:
+    """Seconds until predicate held; fails the test after `timeout`."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - started
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def limit_of(local: LocalNode, name: str) -> float:
+    pod = local.pod(name)
+    return 0.0 if pod is None or pod["status"] != "running" else pod["resources"]["cpu"]["limit"]
+
+
+def test_busy_loop_gets_a_core_within_ten_seconds_and_is_restored_on_sigterm(
+    node: LocalNode,
+) -> None:
+    node.start_agent("--policy", "kuscale-2022")
+    workload = node.launch("busy", 300, BUSY)
+    try:
+        wait_for(lambda: limit_of(node, "busy") >= 90.0, timeout=15)
+        start_cpu, started = cpu_seconds(workload.pid), time.monotonic()
+        time.sleep(2.0)
+        real = (cpu_seconds(workload.pid) - start_cpu) * 100 / (time.monotonic() - started)
+        assert real >= 80.0, f"the busy loop got {real:.0f} % of a core"
+        cgroup = f"{node.parent}/busy"
+        assert node.cgroups.read_limit(cgroup) == pytest.approx(limit_of(node, "busy"), abs=15)
+        assert node.agent is not None
+        node.agent.send_signal(signal.SIGTERM)
+        assert node.agent.wait(timeout=10) == 0
+        assert node.cgroups.read_limit(cgroup) is None
+        assert workload.poll() is None, "the workload must outlive the agent"
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_a_small_budget_is_never_exceeded(node: LocalNode) -> None:
+    node.start_agent("--policy", "kuscale-2022")
+    workload = node.launch("thrifty", 30, BUSY)
+    try:
+        wait_for(lambda: limit_of(node, "thrifty") > 0, timeout=10)
+        seen = []
+        for _ in range(12):
+            pod = node.pod("thrifty")
+            assert pod is not None
+            seen.append(sum(r["price"] * r["limit"] for r in pod["resources"].values()))
+            time.sleep(0.5)
+        assert max(seen) <= 30.0 + 1e-6
+        assert max(seen) >= 25.0
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_an_exited_workload_completes_and_its_cgroup_is_removed(node: LocalNode) -> None:
+    node.start_agent()
+    workload = node.launch("brief", 100, [sys.executable, "-c", "import time; time.sleep(2)"])
+    wait_for(lambda: (node.pod("brief") or {}).get("status") == "running", timeout=10)
+    assert workload.wait(timeout=10) == 0
+    wait_for(lambda: (node.pod("brief") or {}).get("status") == "completed", timeout=5)
+    assert not node.cgroups.exists(f"{node.parent}/brief")
+    assert not (node.state / "pods" / "brief.json").exists()
+
+
+def test_status_shows_every_field_in_text(node: LocalNode) -> None:
+    node.start_agent("--monitor-only")
+    workload = node.launch("shown", 120, BUSY)
+    try:
+        wait_for(lambda: (node.pod("shown") or {}).get("updated_count", 0) >= 2, timeout=10)
+        out = subprocess.run(
+            [*KUSCALE, "status", "--state-dir", str(node.state)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "shown tokens=120 status='running'" in out
+        for field in ("usage=", "avg=", "limit=", "weight=", "price=1", "queue="):
+            assert field in out
+        assert node.cgroups.read_limit(f"{node.parent}/shown") is None
+    finally:
+        workload.kill()
+        workload.wait()
