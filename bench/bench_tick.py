@@ -54,8 +54,9 @@ def advance(root: Path, pods: int, tick: int, usage_ns: list[int]) -> None:
 def monitor_for(cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "") -> Monitor:
     monitor = Monitor(cgroups, None, AgentConfig(period=PERIOD))
     for i in range(pods):
-        monitor.submit(PodAdded(PodSpec(name=f"pod-{i}", tokens=100 + i % 400,
-                                        cgroup=f"{prefix}pod-{i}")))
+        monitor.submit(
+            PodAdded(PodSpec(name=f"pod-{i}", tokens=100 + i % 400, cgroup=f"{prefix}pod-{i}"))
+        )
     monitor.tick(0.0)
     return monitor
 
@@ -129,8 +130,10 @@ def bench_real(pods: int, ticks: int) -> list[float] | None:
 def report(label: str, pods: int, durations: list[float]) -> None:
     median = statistics.median(durations)
     p95 = sorted(durations)[int(0.95 * (len(durations) - 1))]
-    print(f"{label:<26} {pods:>5} pods  tick median {median * 1e3:8.3f} ms  "
-          f"p95 {p95 * 1e3:8.3f} ms  {median / pods * 1e6:7.1f} µs/pod")
+    print(
+        f"{label:<26} {pods:>5} pods  tick median {median * 1e3:8.3f} ms  "
+        f"p95 {p95 * 1e3:8.3f} ms  {median / pods * 1e6:7.1f} µs/pod"
+    )
 
 
 def main() -> None:
@@ -145,8 +148,10 @@ def main() -> None:
     if real is not None:
         report("real cgroup v1/v2", 10, real)
     marks = bench_memory(110, args.memory_ticks)
-    print("resident memory, 110 pods: " + ", ".join(
-        f"{mib:.1f} MiB after {tick} ticks" for tick, mib in marks))
+    print(
+        "resident memory, 110 pods: "
+        + ", ".join(f"{mib:.1f} MiB after {tick} ticks" for tick, mib in marks)
+    )
     print(f"peak resident memory of the benchmark process: {rss_mib():.1f} MiB")
 
 

@@ -51,7 +51,7 @@ class InvalidSpec(ValueError):
 
 def validate_pod_name(name: str) -> str:
     """Pod names become cgroup directory names, so they must be DNS-1123 labels."""
-    if not _DNS_LABEL.match(name):
+    if not _DNS_LABEL.fullmatch(name):
         raise InvalidSpec(
             f"pod name {name!r} is not a DNS-1123 label "
             "(lower-case letters, digits and '-', 1-63 characters, alphanumeric at both ends)"
@@ -61,7 +61,7 @@ def validate_pod_name(name: str) -> str:
 
 def validate_vgpu_id(vgpu_id: str) -> str:
     """vGPU ids become directory names under the GPU layer's root: no '/', no '..'."""
-    if not _VGPU_ID.match(vgpu_id) or set(vgpu_id) <= {"."}:
+    if not _VGPU_ID.fullmatch(vgpu_id) or set(vgpu_id) <= {"."}:
         raise InvalidSpec(f"vGPU id {vgpu_id!r} must be letters, digits, '_', '.', '-' only")
     return vgpu_id
 

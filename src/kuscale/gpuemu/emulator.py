@@ -65,7 +65,7 @@ class GpuEmulator:
         self._reload_mtime = 0.0
 
     def _read_share(self, vgpu_id: str) -> float:
-        path = confine(self.root, vgpu_id) / GPU_LIMIT
+        path = Path(confine(self.root, vgpu_id)) / GPU_LIMIT
         try:
             per_mille = int(path.read_text().strip())
         except (OSError, ValueError):
@@ -119,7 +119,7 @@ class GpuEmulator:
     def flush(self) -> None:
         """Publish busy time, and take new limits if the agent poked the reload file."""
         for account in self.accounts.values():
-            directory = confine(self.root, account.vgpu_id)
+            directory = Path(confine(self.root, account.vgpu_id))
             tmp = directory / f".{TOTAL_RUNTIME}.tmp"
             with contextlib.suppress(OSError):
                 tmp.write_text(str(account.busy_ns))
