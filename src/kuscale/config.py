@@ -29,6 +29,8 @@ class ResourceConfig:
     min: float = INITIAL_LIMIT
     max: float | None = None
     """Per-pod cap; None means the node's capacity of the resource."""
+    overcommit: float = 1.0
+    """The node stage shares `capacity × overcommit` when pods want more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,10 @@ class PolicyConfig:
     ewma_weight: float = 1.0 / 8.0
     pin_tolerance: float = 0.05
     """Usage within this fraction of the limit counts as starved (pinned at the limit)."""
+    growth: float = 2.0
+    """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only)."""
+    damping: float = 0.7
+    """Share of the excess of the demand estimate over usage kept per quiet tick."""
 
     def resource(self, resource: Resource) -> ResourceConfig:
         return self.cpu if resource is Resource.CPU else self.gpu
@@ -62,6 +68,7 @@ class PolicyConfig:
             name = resource.label
             _require_finite(f"resources.{name}.price", rc.price, positive=True)
             _require_finite(f"resources.{name}.min", rc.min, positive=True)
+            _require_finite(f"resources.{name}.overcommit", rc.overcommit, positive=True)
             if rc.max is not None:
                 _require_finite(f"resources.{name}.max", rc.max, positive=True)
                 if rc.min > rc.max:
@@ -69,8 +76,15 @@ class PolicyConfig:
                         f"resources.{name}.min ({rc.min}) is above resources.{name}.max ({rc.max})"
                     )
         _require_finite("policy.static_v", self.static_v)
+        _require_finite("policy.pin_tolerance", self.pin_tolerance, non_negative=True)
         _require_finite("policy.burst_factor", self.burst_factor, non_negative=True)
         _require_finite("policy.burst_seconds", self.burst_seconds, positive=True)
+        _require_finite("policy.growth", self.growth)
+        if self.growth <= 1.0:
+            raise ConfigError(f"policy.growth must be above 1, got {self.growth}")
+        _require_finite("policy.damping", self.damping, non_negative=True)
+        if self.damping >= 1.0:
+            raise ConfigError(f"policy.damping must be below 1, got {self.damping}")
         if not 0.0 <= self.pin_tolerance < 1.0:
             raise ConfigError(f"policy.pin_tolerance must be in [0, 1), got {self.pin_tolerance}")
         if not 0.0 < self.ewma_weight <= 1.0:
@@ -78,15 +92,18 @@ class PolicyConfig:
         return self
 
 
-POLICY_NAMES = ("kuscale-2022",)
+POLICY_NAMES = ("kuscale", "kuscale-2022")
 
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     period: float = 1.0
-    policy: str = "kuscale-2022"
+    policy: str = "kuscale"
     monitor_only: bool = False
     window: int = 15
+    kernel_shares: bool = False
+    """Also set cpu.shares (v2: cpu.weight) in proportion to tokens, so the kernel shares a
+    full node inside a period the way the node stage shares it across periods."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
 
     def validate(self) -> AgentConfig:
@@ -99,6 +116,9 @@ class AgentConfig:
             raise ConfigError(
                 f"agent.policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}"
             )
+        for key in ("monitor_only", "kernel_shares"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"agent.{key} must be true or false")
         if isinstance(self.window, bool) or not isinstance(self.window, int):
             raise ConfigError(f"agent.window must be an integer, got {self.window!r}")
         if not 1 <= self.window <= 10_000:

@@ -60,6 +60,11 @@ class Policy(Protocol):
 
     def decide(self, obs: Observation) -> Decision: ...
 
-    def admit(self, tokens: float, uses: BoolArray, capacity: FloatArray) -> str | None:
-        """Return why a pod with these tokens and resources cannot be managed, or None."""
+    def admit(
+        self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
+    ) -> str | None:
+        """Why a pod with these tokens and resources cannot be managed, or None.
+
+        `committed` is the sum of the minimum limits of the pods already running.
+        """
         ...

@@ -44,7 +44,10 @@ class OriginalPolicy:
         self.prices = config.prices()
         self.minimums = config.minimums()
 
-    def admit(self, tokens: float, uses: BoolArray, capacity: FloatArray) -> str | None:
+    def admit(
+        self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
+    ) -> str | None:
+        """The original admits every pod; the monitor still refuses a GPU pod without a GPU."""
         return None
 
     def decide(self, obs: Observation) -> Decision:

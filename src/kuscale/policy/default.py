@@ -1,0 +1,110 @@
+"""`kuscale`, the default rule: per-pod budgets that catch bursts, a node shared by tokens.
+
+Pod stage: the original objective on a demand estimate, with bounds and an exact budget
+(`podstage`). Node stage: where the pods' desired limits of a resource exceed what the node
+has (times its overcommit), weighted max-min fair sharing with tokens as weights, each pod
+capped at what it wants and kept at its minimum (`waterfill`). Under contention, tokens
+decide who gets what.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kuscale.config import PolicyConfig
+from kuscale.model import RESOURCES
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.policy.demand import estimate_demand
+from kuscale.policy.original import static_weights, usage_weights
+from kuscale.policy.podstage import solve_pods
+from kuscale.policy.waterfill import water_fill
+from kuscale.tokens import advance_queue
+
+
+class KuscalePolicy:
+    name = "kuscale"
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self.prices = config.prices()
+        self.minimums = config.minimums()
+        self.overcommit = np.array([config.resource(r).overcommit for r in RESOURCES])
+
+    def upper_bounds(self, capacity: FloatArray) -> FloatArray:
+        """Per-pod caps: the configured max, never above what the node has."""
+        caps = [self.config.resource(r).max for r in RESOURCES]
+        return np.array(
+            [
+                capacity[r] if cap is None else min(cap, capacity[r])
+                for r, cap in zip(RESOURCES, caps, strict=True)
+            ]
+        )
+
+    def admit(
+        self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
+    ) -> str | None:
+        """Refuse what the node or the pod's tokens cannot honour, with the reason."""
+        for r in RESOURCES:
+            if uses[r] and capacity[r] <= 0:
+                return f"the pod asks for {r.label} and this node has none"
+            if uses[r] and committed[r] + self.minimums[r] > capacity[r] * self.overcommit[r]:
+                return (
+                    f"the node's {r.label} is full: minimum limits would reach "
+                    f"{committed[r] + self.minimums[r]:g} % of {capacity[r]:g} %"
+                )
+        floor_cost = float((self.prices * self.minimums)[uses].sum())
+        if floor_cost > tokens:
+            return f"{tokens:g} tokens cannot buy the minimum limits, which cost {floor_cost:g}"
+        return None
+
+    def decide(self, obs: Observation) -> Decision:
+        cfg = self.config
+        prices = np.where(obs.uses, self.prices, 0.0)
+        queue = advance_queue(
+            obs.queue, obs.tokens, obs.limits, prices, obs.elapsed, obs.tokens * cfg.burst_seconds
+        )
+        upper = np.broadcast_to(self.upper_bounds(obs.capacity), obs.usage.shape)
+        demand = estimate_demand(
+            obs.usage, obs.limits, obs.starved, obs.demand, upper, cfg.growth, cfg.damping
+        )
+        if cfg.static_v > 0:
+            weights = np.where(obs.uses, static_weights(prices, cfg.static_v), 1.0)
+        else:
+            weights = usage_weights(obs.usage, obs.avg_usage, prices, obs.uses)
+        budget = obs.tokens + cfg.burst_factor * queue / obs.period
+        available = cfg.burst_factor * queue + obs.tokens * obs.period
+        lower = np.broadcast_to(self.minimums, obs.usage.shape)
+        desired = solve_pods(
+            demand,
+            np.broadcast_to(self.prices, obs.usage.shape),
+            weights,
+            lower,
+            upper,
+            budget,
+            available,
+            obs.uses,
+        )
+        limits = self.share_node(desired, obs.tokens, obs.uses, obs.capacity)
+        return Decision(
+            limits=limits,
+            weights=np.where(obs.uses, weights, 0.0),
+            queue=queue,
+            demand=np.where(obs.uses, demand, 0.0),
+        )
+
+    def share_node(
+        self, desired: FloatArray, tokens: FloatArray, uses: BoolArray, capacity: FloatArray
+    ) -> FloatArray:
+        """Water-fill each resource the pods want more of than the node has."""
+        limits = desired.copy()
+        for r in RESOURCES:
+            column = uses[:, r]
+            if not column.any():
+                continue
+            limits[column, r] = water_fill(
+                float(capacity[r] * self.overcommit[r]),
+                tokens[column],
+                desired[column, r],
+                floors=np.full(int(column.sum()), self.minimums[r]),
+            )
+        return limits
