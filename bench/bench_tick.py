@@ -21,11 +21,14 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
-from kuscale.config import AgentConfig
+from kuscale.config import AgentConfig, PolicyConfig, ResourceConfig
 from kuscale.model import PodSpec
 from kuscale.monitor import Monitor, PodAdded
+from kuscale.policy import Observation, make_policy
 
 PERIOD = 0.5
 
@@ -51,13 +54,24 @@ def advance(root: Path, pods: int, tick: int, usage_ns: list[int]) -> None:
         (root / "cpuacct" / f"pod-{i}" / "cpuacct.usage").write_text(f"{usage_ns[i]}\n")
 
 
+BENCH_CONFIG = AgentConfig(
+    period=PERIOD,
+    policy_config=PolicyConfig(cpu=ResourceConfig(price=1.0, min=1.0, overcommit=5.0)),
+)
+"""The default rule, with a 1 % CPU minimum (the kernel's 1 ms quota per 100 ms) and a node
+overcommitted 5x, so that 1000 pods fit this 2-core machine's admission."""
+
+
 def monitor_for(cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "") -> Monitor:
-    monitor = Monitor(cgroups, None, AgentConfig(period=PERIOD))
+    monitor = Monitor(cgroups, None, BENCH_CONFIG)
     for i in range(pods):
         monitor.submit(
             PodAdded(PodSpec(name=f"pod-{i}", tokens=100 + i % 400, cgroup=f"{prefix}pod-{i}"))
         )
     monitor.tick(0.0)
+    refused = len(monitor.registry.completed)
+    if refused:
+        raise SystemExit(f"{refused} of {pods} pods were refused; the benchmark needs them all")
     return monitor
 
 
@@ -127,6 +141,37 @@ def bench_real(pods: int, ticks: int) -> list[float] | None:
         cgroups.remove(parent)
 
 
+def random_observation(pods: int, seed: int = 1) -> Observation:
+    """A busy node: a third of the pods use a GPU, half are starved, the node is full."""
+    rng = np.random.default_rng(seed)
+    uses = np.column_stack([np.ones(pods, bool), rng.random(pods) < 1 / 3])
+    usage = np.where(uses, rng.random((pods, 2)) * 100, 0.0)
+    return Observation(
+        period=PERIOD,
+        elapsed=np.full(pods, PERIOD),
+        tokens=rng.integers(50, 1000, pods).astype(np.float64),
+        queue=rng.random(pods) * 100,
+        usage=usage,
+        avg_usage=usage,
+        limits=np.where(uses, np.maximum(usage, 10.0), 0.0),
+        starved=(rng.random((pods, 2)) < 0.5) & uses,
+        demand=usage,
+        uses=uses,
+        capacity=np.array([pods * 20.0, max(100.0, pods * 5.0)]),
+    )
+
+
+def bench_policy(name: str, pods: int, repeats: int) -> list[float]:
+    policy = make_policy(name, PolicyConfig())
+    obs = random_observation(pods)
+    durations = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        policy.decide(obs)
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
 def report(label: str, pods: int, durations: list[float]) -> None:
     median = statistics.median(durations)
     p95 = sorted(durations)[int(0.95 * (len(durations) - 1))]
@@ -141,7 +186,10 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=200)
     parser.add_argument("--memory-ticks", type=int, default=10_000)
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs; period {PERIOD} s; policy kuscale-2022")
+    print(f"machine: {os.cpu_count()} CPUs; period {PERIOD} s; agent policy kuscale")
+    for name in ("kuscale", "kuscale-2022"):
+        for pods in (110, 1000):
+            report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
     for pods in (10, 110, 1000):
         report("fixture v1 tree (tmpfs)", pods, bench_fixture(pods, args.ticks))
     real = bench_real(10, args.ticks)

@@ -154,3 +154,19 @@ def test_read_mounts_parses_mountinfo(tmp_path: Path) -> None:
         Path("/sys/fs/cgroup/unified"),
     ]
     assert {"cpu", "cpuacct"} <= mounts[0].options
+
+
+def test_v1_shares_round_trip_and_range(v1_tree: CgroupV1) -> None:
+    assert v1_tree.read_shares("pods/a") == 1024
+    v1_tree.write_shares("pods/a", 3072)
+    assert (v1_tree.cpu_root / "pods/a/cpu.shares").read_text() == "3072"
+    with pytest.raises(RangeError):
+        v1_tree.write_shares("pods/a", 1)
+
+
+def test_v2_weight_follows_the_kubelet_mapping(v2_tree: CgroupV2) -> None:
+    v2_tree.write_shares("pods/a", 1024)
+    assert (v2_tree.cpu_root / "pods/a/cpu.weight").read_text() == "39"
+    v2_tree.write_shares("pods/a", 262144)
+    assert (v2_tree.cpu_root / "pods/a/cpu.weight").read_text() == "10000"
+    assert v2_tree.read_shares("pods/a") == 262144

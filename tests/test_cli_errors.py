@@ -89,6 +89,12 @@ def test_a_garbled_status_file_is_an_error_not_a_traceback(tmp_path: Path) -> No
         ("[resources.tpu]\nprice = 1\n", "resources.tpu"),
         ('[policy]\nstatic_v = "ten"\n', "policy.static_v"),
         ("not toml at all [", "not valid TOML"),
+        ("[resources.cpu]\nprice = -1\n", "resources.cpu.price"),
+        ("[resources.cpu]\novercommit = 0\n", "resources.cpu.overcommit"),
+        ("[policy]\ngrowth = 1.0\n", "policy.growth"),
+        ("[policy]\ndamping = 1.5\n", "policy.damping"),
+        ('[agent]\npolicy = "greedy"\n', "agent.policy"),
+        ('[agent]\nkernel_shares = "yes"\n', "agent.kernel_shares"),
     ],
 )
 def test_bad_config_files_are_refused_at_start(

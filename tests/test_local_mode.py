@@ -179,3 +179,60 @@ def test_status_shows_every_field_in_text(node: LocalNode) -> None:
     finally:
         workload.kill()
         workload.wait()
+
+
+def cpu_limits(local: LocalNode) -> dict[str, float]:
+    try:
+        pods = local.status()["pods"]
+    except subprocess.CalledProcessError:
+        return {}
+    return {p["name"]: p["resources"]["cpu"]["limit"] for p in pods if p["status"] == "running"}
+
+
+def test_default_rule_gives_a_busy_loop_a_core_within_five_ticks(node: LocalNode) -> None:
+    node.start_agent()
+    workload = node.launch("burst", 300, BUSY)
+    try:
+        history: list[tuple[int, float]] = []
+
+        def reached() -> bool:
+            pod = node.pod("burst")
+            if pod is not None and pod["status"] == "running":
+                history.append((pod["updated_count"], pod["resources"]["cpu"]["limit"]))
+            return bool(history) and history[-1][1] >= 95.0
+
+        wait_for(reached, timeout=15, interval=0.1)
+        assert history[-1][0] <= 5, f"limits by update: {history}"
+        start_cpu, started = cpu_seconds(workload.pid), time.monotonic()
+        time.sleep(1.5)
+        real = (cpu_seconds(workload.pid) - start_cpu) * 100 / (time.monotonic() - started)
+        assert real >= 85.0
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_a_full_node_is_split_by_tokens_on_real_cgroups(node: LocalNode) -> None:
+    capacity = node.cgroups.capacity()
+    node.start_agent()
+    workloads = [node.launch(name, 300, BUSY) for name in ("one", "two", "three")]
+    try:
+        wait_for(lambda: len(cpu_limits(node)) == 3, timeout=10)
+        time.sleep(4.0)
+        for _ in range(8):
+            limits = cpu_limits(node)
+            assert sum(limits.values()) <= capacity + 1e-6
+            time.sleep(0.5)
+        for value in limits.values():
+            assert value == pytest.approx(capacity / 3, rel=0.15)
+        workloads.append(node.launch("rich", 600, BUSY))
+        wait_for(lambda: len(cpu_limits(node)) == 4, timeout=10)
+        time.sleep(5.0)
+        limits = cpu_limits(node)
+        assert sum(limits.values()) <= capacity + 1e-6
+        others = [limits[name] for name in ("one", "two", "three")]
+        assert limits["rich"] == pytest.approx(2 * sum(others) / 3, rel=0.2)
+    finally:
+        for workload in workloads:
+            workload.kill()
+            workload.wait()

@@ -16,6 +16,7 @@ from kuscale.sim.run import run_simulation
 from kuscale.workload import Schedule
 
 CONFIG = AgentConfig(period=0.5)
+ORIGINAL = replace(CONFIG, policy="kuscale-2022")
 
 
 def pod(
@@ -186,9 +187,65 @@ def test_run_stops_on_a_stop_event_and_restores() -> None:
 
 def test_the_original_rule_never_writes_more_than_the_node_has() -> None:
     node = SimNode(cores=2, gpus=1)
-    monitor = make(node)
+    monitor = make(node, ORIGINAL)
     monitor.submit(PodAdded(pod(node, "greedy", cpu="0:300", gpu="0:100", tokens=5000)))
     run_simulation(node, monitor, 20.0)
     assert monitor.stats.errors["clamped"] > 0
     assert monitor.stats.errors.get("range", 0) == 0
     assert monitor.registry.running["local/greedy"].resources[Resource.GPU].limit <= 100.0
+
+
+def ticks_to_reach(policy: str, target: float) -> int:
+    node = SimNode(cores=2)
+    monitor = make(node, replace(CONFIG, policy=policy))
+    monitor.submit(PodAdded(pod(node, "burst", cpu="0:100", tokens=300)))
+    monitor.tick(node.now)
+    for tick in range(1, 60):
+        step(node, monitor, 1)
+        if node.pods["burst"].last_cpu >= target:
+            return tick
+    return 60
+
+
+def test_the_default_rule_catches_a_burst_in_a_few_ticks_where_the_original_needs_many() -> None:
+    assert ticks_to_reach("kuscale", 95.0) <= 5
+    assert ticks_to_reach("kuscale-2022", 95.0) >= 10
+
+
+def test_a_full_node_is_shared_by_tokens_and_never_oversubscribed() -> None:
+    node = SimNode(cores=2)
+    monitor = make(node)
+    for name in ("a", "b", "c"):
+        monitor.submit(PodAdded(pod(node, name, cpu="0:100", tokens=300)))
+    for _ in range(20):
+        step(node, monitor, 1)
+        assert sum(p.cpu_limit or 0.0 for p in node.pods.values()) <= 200.0 + 1e-6
+    assert [node.pods[n].cpu_limit for n in "abc"] == pytest.approx([200 / 3] * 3, rel=0.02)
+    monitor.submit(PodAdded(pod(node, "d", cpu="0:100", tokens=600)))
+    step(node, monitor, 20)
+    limits = {n: node.pods[n].cpu_limit or 0.0 for n in "abcd"}
+    assert sum(limits.values()) <= 200.0 + 1e-6
+    assert limits["d"] == pytest.approx(2 * limits["a"], rel=0.05)
+
+
+def test_a_pod_that_cannot_afford_its_minimums_is_refused_and_shown() -> None:
+    node = SimNode()
+    monitor = make(node)
+    monitor.submit(PodAdded(pod(node, "poor", gpu="0:50", tokens=30)))
+    monitor.tick(node.now)
+    view = next(p for p in monitor.snapshot()["pods"] if p["name"] == "poor")
+    assert view["status"] == "refused"
+    assert "cannot buy the minimum" in view["reason"]
+    assert node.pods["poor"].cpu_limit is None
+
+
+def test_kernel_shares_follow_tokens_and_are_restored() -> None:
+    node = SimNode()
+    monitor = make(node, replace(CONFIG, kernel_shares=True))
+    for name, tokens in (("small", 100), ("large", 400)):
+        monitor.submit(PodAdded(pod(node, name, tokens=tokens)))
+    step(node, monitor, 1)
+    assert node.pods["small"].shares == 1024
+    assert node.pods["large"].shares == 4096
+    monitor.restore()
+    assert node.pods["large"].shares == 1024

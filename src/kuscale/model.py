@@ -29,6 +29,10 @@ RESOURCES: tuple[Resource, ...] = (Resource.CPU, Resource.GPU)
 INITIAL_LIMIT = 10.0
 """Limit a new pod starts with for each resource it uses (the original's value)."""
 
+MIN_SHARES = 2
+MAX_SHARES = 262_144
+"""The kernel's range of cgroup v1 cpu.shares (v2 cpu.weight is mapped onto it)."""
+
 DEFAULT_WINDOW = 15
 """Samples of usage history kept per resource: a bounded window, never a growing list."""
 
@@ -145,6 +149,8 @@ class PodState:
     """Monotonic seconds of the sample the next usage is measured from."""
     cpu_baseline: CpuCounters | None = None
     gpu_baseline: int | None = None
+    restore_shares: int | None = None
+    """cpu.shares before kuscale set them from tokens (None: not changed)."""
     reason: str = ""
 
     @property

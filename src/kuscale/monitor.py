@@ -23,6 +23,8 @@ from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBacke
 from kuscale.config import AgentConfig
 from kuscale.model import (
     INITIAL_LIMIT,
+    MAX_SHARES,
+    MIN_SHARES,
     RESOURCES,
     PodSpec,
     PodState,
@@ -32,8 +34,12 @@ from kuscale.model import (
     ResourceState,
 )
 from kuscale.policy import Observation, Policy, make_policy
+from kuscale.policy.base import FloatArray
 
 log = logging.getLogger("kuscale.monitor")
+
+SHARES_PER_100_TOKENS = 1024
+"""cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
 
 WRITE_RESOLUTION = 0.01
 """Limits closer than this (percent) to what is already written are not written again."""
@@ -135,8 +141,8 @@ class Monitor:
             for r in spec.resources
         }
         pod = PodState(spec=spec, resources=resources)
-        self.registry.running[spec.key] = pod
         reason = self._refusal(spec)
+        self.registry.running[spec.key] = pod
         if reason:
             log.warning("pod %s refused: %s", spec.key, reason)
             self.registry.complete(spec.key, PodStatus.REFUSED, reason)
@@ -156,7 +162,16 @@ class Monitor:
         if spec.vgpu_id is not None and self.gpu is None:
             return "the pod asks for a GPU and this node has no GPU layer"
         uses = np.array([r in spec.resources for r in RESOURCES])
-        return self.policy.admit(float(spec.tokens), uses, self.capacity)
+        return self.policy.admit(float(spec.tokens), uses, self.capacity, self._committed())
+
+    def _committed(self) -> FloatArray:
+        """Minimum limits already promised to running pods, per resource."""
+        minimums = self.config.policy_config.minimums()
+        committed = np.zeros(len(RESOURCES))
+        for pod in self.registry.running.values():
+            for resource in pod.resources:
+                committed[resource] += minimums[resource]
+        return committed
 
     def _start(self, pod: PodState, now: float) -> None:
         """Read what the pod had (to restore it later), set the initial limits, take a baseline."""
@@ -168,6 +183,9 @@ class Monitor:
             gpu_state.restore_limit = self.gpu.read_limit(spec.vgpu_id)
             pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
         pod.cpu_baseline = self.cpu.read(spec.cgroup)
+        if self.config.kernel_shares and not self.config.monitor_only:
+            pod.restore_shares = self.cpu.read_shares(spec.cgroup)
+            self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
         pod.last_update = now
         pod.status = PodStatus.RUNNING
         pod.reason = ""
@@ -354,15 +372,18 @@ class Monitor:
         if state.changed and abs(limit - state.limit) < WRITE_RESOLUTION:
             return
         try:
-            if resource is Resource.CPU:
-                self.cpu.write_limit(pod.spec.cgroup, limit)
-            elif self.gpu is not None and pod.spec.vgpu_id is not None:
-                self.gpu.write_limit(pod.spec.vgpu_id, limit)
+            self._actuate(pod, resource, limit)
         except BackendError as err:
             self._count_error(pod, err)
             return
         state.limit = limit
         state.changed = True
+
+    def _actuate(self, pod: PodState, resource: Resource, limit: float | None) -> None:
+        if resource is Resource.CPU:
+            self.cpu.write_limit(pod.spec.cgroup, limit)
+        elif self.gpu is not None and pod.spec.vgpu_id is not None:
+            self.gpu.write_limit(pod.spec.vgpu_id, limit)
 
     # Running and stopping.
 
@@ -397,17 +418,16 @@ class Monitor:
     def restore(self) -> None:
         """Put back every limit kuscale changed, so no workload stays throttled behind it."""
         for pod in self.registry.running.values():
-            for resource, state in pod.resources.items():
-                if not state.changed:
-                    continue
-                try:
-                    if resource is Resource.CPU:
-                        self.cpu.write_limit(pod.spec.cgroup, state.restore_limit)
-                    elif self.gpu is not None and pod.spec.vgpu_id is not None:
-                        self.gpu.write_limit(pod.spec.vgpu_id, state.restore_limit)
-                    state.changed = False
-                except BackendError as err:
-                    self._count_error(pod, err)
+            try:
+                if pod.restore_shares is not None:
+                    self.cpu.write_shares(pod.spec.cgroup, pod.restore_shares)
+                    pod.restore_shares = None
+                for resource, state in pod.resources.items():
+                    if state.changed:
+                        self._actuate(pod, resource, state.restore_limit)
+                        state.changed = False
+            except BackendError as err:
+                self._count_error(pod, err)
         if self.gpu is not None:
             try:
                 self.gpu.commit()
@@ -432,6 +452,11 @@ class Monitor:
             "errors": dict(self.stats.errors),
             "pods": [pod_view(pod) for pod in pods],
         }
+
+
+def shares_for_tokens(tokens: int) -> int:
+    """cpu.shares in proportion to tokens, inside the kernel's range."""
+    return min(max(round(tokens * SHARES_PER_100_TOKENS / 100), MIN_SHARES), MAX_SHARES)
 
 
 def pod_view(pod: PodState) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from kuscale.backends.files import (
     read_text,
     write_text,
 )
-from kuscale.model import CpuCounters
+from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters
 
 MIN_QUOTA_US = 1000
 MAX_QUOTA_US = (1 << 44) - 1
@@ -155,6 +155,15 @@ class CgroupV1(_CgroupTree):
         value = "-1" if limit is None else str(limit_to_quota(limit, self._period(cgroup)))
         self._files.write(confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us", value)
 
+    def read_shares(self, cgroup: str) -> int:
+        path = confine(self.cpu_root, cgroup) + "/cpu.shares"
+        return parse_int(read_text(path), path)
+
+    def write_shares(self, cgroup: str, shares: int) -> None:
+        if not MIN_SHARES <= shares <= MAX_SHARES:
+            raise RangeError(f"cpu.shares {shares} is outside [{MIN_SHARES}, {MAX_SHARES}]")
+        write_text(confine(self.cpu_root, cgroup) + "/cpu.shares", str(shares))
+
 
 class CgroupV2(_CgroupTree):
     mode = "cgroup-v2"
@@ -206,10 +215,28 @@ class CgroupV2(_CgroupTree):
         self._periods[cgroup] = period
         return quota_to_limit(quota, period)
 
+    def read_shares(self, cgroup: str) -> int:
+        path = confine(self.cpu_root, cgroup) + "/cpu.weight"
+        return weight_to_shares(parse_int(read_text(path), path))
+
+    def write_shares(self, cgroup: str, shares: int) -> None:
+        if not MIN_SHARES <= shares <= MAX_SHARES:
+            raise RangeError(f"cpu.shares {shares} is outside [{MIN_SHARES}, {MAX_SHARES}]")
+        write_text(confine(self.cpu_root, cgroup) + "/cpu.weight", str(shares_to_weight(shares)))
+
     def write_limit(self, cgroup: str, limit: float | None) -> None:
         period = self._period(cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
         self._files.write(confine(self.cpu_root, cgroup) + "/cpu.max", f"{quota} {period}")
+
+
+def shares_to_weight(shares: int) -> int:
+    """v1 cpu.shares to v2 cpu.weight, the kubelet's mapping of [2, 262144] onto [1, 10000]."""
+    return 1 + (shares - MIN_SHARES) * 9999 // (MAX_SHARES - MIN_SHARES)
+
+
+def weight_to_shares(weight: int) -> int:
+    return MIN_SHARES + (weight - 1) * (MAX_SHARES - MIN_SHARES) // 9999
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,6 @@ import errno
 import functools
 import os
 import re
-from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, CgroupGone, CounterError
@@ -81,67 +79,74 @@ class DescriptorCache:
     the loop touches two or three files per pod per tick. A removed cgroup's descriptor
     answers ENODEV, so a failed call is retried once on a fresh open, which tells a gone
     cgroup from a recreated one. Kernel files take each write whole; regular files (fixture
-    trees) are also truncated after the write. Bounded: the least recently used descriptor
-    is closed first.
+    trees) are also truncated after the write. Bounded: past `size` descriptors of a kind,
+    the oldest opened is closed first.
     """
 
     def __init__(self, size: int = 4096, truncate: bool = False) -> None:
         self.size = size
         self.truncate = truncate
-        self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._readers: dict[str, int] = {}
+        self._writers: dict[str, int] = {}
 
     def read(self, path: str) -> str:
-        data = self._use(path, os.O_RDONLY, lambda fd: os.pread(fd, 65536, 0))
-        return data.decode("ascii", errors="replace")
+        fd = self._readers.get(path)
+        if fd is not None:
+            try:
+                return os.pread(fd, 65536, 0).decode("ascii", errors="replace")
+            except OSError:
+                _close(self._readers, path)
+        fd = self._open(self._readers, path, os.O_RDONLY)
+        try:
+            return os.pread(fd, 65536, 0).decode("ascii", errors="replace")
+        except OSError as err:
+            _close(self._readers, path)
+            raise BackendError(f"cannot read {path}: {err.strerror}") from err
 
     def write(self, path: str, value: str) -> None:
         data = value.encode("ascii")
-
-        def put(fd: int) -> bytes:
-            os.pwrite(fd, data, 0)
-            if self.truncate:
-                os.ftruncate(fd, len(data))
-            return data
-
-        self._use(path, os.O_WRONLY, put)
-
-    def _use(self, path: str, mode: int, call: Callable[[int], bytes]) -> bytes:
-        key = (path, mode)
-        fd = self._fds.get(key)
+        fd = self._writers.get(path)
         if fd is not None:
             try:
-                result = call(fd)
+                self._put(fd, data)
+                return
             except OSError:
-                self._close(key)
-            else:
-                self._fds.move_to_end(key)
-                return result
-        fd = _open(path, mode)
+                _close(self._writers, path)
+        fd = self._open(self._writers, path, os.O_WRONLY)
         try:
-            result = call(fd)
+            self._put(fd, data)
         except OSError as err:
-            os.close(fd)
-            verb = "read" if mode == os.O_RDONLY else "write"
-            raise BackendError(f"cannot {verb} {path}: {err.strerror}") from err
-        self._fds[key] = fd
-        if len(self._fds) > self.size:
-            self._close(next(iter(self._fds)))
-        return result
+            _close(self._writers, path)
+            raise BackendError(f"kernel refused {value!r} for {path}: {err.strerror}") from err
 
-    def _close(self, key: tuple[str, int]) -> None:
-        fd = self._fds.pop(key, None)
-        if fd is not None:
-            os.close(fd)
+    def _put(self, fd: int, data: bytes) -> None:
+        os.pwrite(fd, data, 0)
+        if self.truncate:
+            os.ftruncate(fd, len(data))
+
+    def _open(self, table: dict[str, int], path: str, mode: int) -> int:
+        fd = table[path] = _open(path, mode)
+        if len(table) > self.size:
+            _close(table, next(iter(table)))
+        return fd
 
     def forget(self, directory: str) -> None:
         """Close every descriptor under a directory that is being removed."""
         prefix = directory + "/"
-        for key in [k for k in self._fds if k[0].startswith(prefix)]:
-            self._close(key)
+        for table in (self._readers, self._writers):
+            for path in [p for p in table if p.startswith(prefix)]:
+                _close(table, path)
 
     def close(self) -> None:
-        for key in list(self._fds):
-            self._close(key)
+        for table in (self._readers, self._writers):
+            for path in list(table):
+                _close(table, path)
+
+
+def _close(table: dict[str, int], path: str) -> None:
+    fd = table.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _open(path: str, mode: int) -> int:

@@ -122,6 +122,12 @@ class SimCpu:
     def write_limit(self, cgroup: str, limit: float | None) -> None:
         self.node.pod(cgroup).cpu_limit = limit
 
+    def read_shares(self, cgroup: str) -> int:
+        return round(self.node.pod(cgroup).shares)
+
+    def write_shares(self, cgroup: str, shares: int) -> None:
+        self.node.pod(cgroup).shares = float(shares)
+
     def remove(self, cgroup: str) -> None:
         self.node.pods.pop(cgroup, None)
 
