@@ -106,7 +106,8 @@ class Monitor:
         self.on_tick = on_tick
         self.on_completed = on_completed
         self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
-        self._ceilings = self.capacity.tolist()
+        self._ceilings: list[float] = self.capacity.tolist()
+        self._pinned_at = 1.0 - config.policy_config.pin_tolerance
         self._prices = config.policy_config.prices()
         self._stopping = False
 
@@ -281,26 +282,23 @@ class Monitor:
             log.warning("pod %s: a counter went backwards; taking a new baseline", pod.key)
             return None
         wall_ns = elapsed * 1e9
-        usage = [0.0, 0.0]
-        starved = [False, False]
-        usage[Resource.CPU] = min(
-            (counters.usage_ns - previous_cpu.usage_ns) * 100.0 / wall_ns,
-            self._ceilings[Resource.CPU],
-        )
-        starved[Resource.CPU] = counters.nr_throttled > previous_cpu.nr_throttled
+        ceilings = self._ceilings
+        usage = [
+            min((counters.usage_ns - previous_cpu.usage_ns) * 100.0 / wall_ns, ceilings[0]),
+            0.0,
+        ]
         if busy_gpu is not None and previous_gpu is not None:
-            usage[Resource.GPU] = min(
-                (busy_gpu - previous_gpu) * 100.0 / wall_ns, self._ceilings[Resource.GPU]
-            )
-        threshold = 1.0 - self.config.policy_config.pin_tolerance
+            usage[1] = min((busy_gpu - previous_gpu) * 100.0 / wall_ns, ceilings[1])
+        starved = [counters.nr_throttled > previous_cpu.nr_throttled, False]
+        threshold = self._pinned_at
         uses = [False, False]
         prior = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
-        for resource, state in pod.resources.items():
-            uses[resource] = True
-            prior[0][resource] = state.limit
-            prior[1][resource] = state.avg_usage
-            prior[2][resource] = state.demand
-            starved[resource] = starved[resource] or usage[resource] >= threshold * state.limit
+        for index, state in pod.resources.items():
+            uses[index] = True
+            prior[0][index] = state.limit
+            prior[1][index] = state.avg_usage
+            prior[2][index] = state.demand
+            starved[index] = starved[index] or usage[index] >= threshold * state.limit
         return _Measured(pod, elapsed, usage, starved, uses, prior)
 
     def _decide(self, measured: list[_Measured]) -> None:

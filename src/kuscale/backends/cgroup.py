@@ -67,6 +67,8 @@ class _CgroupTree:
     def __init__(self, cpu_root: Path, usage_root: Path) -> None:
         self.cpu_root = cpu_root
         self.usage_root = usage_root
+        self._cpu_dir = str(cpu_root)
+        self._usage_dir = str(usage_root)
         self._capacity = node_cpu_capacity()
         self._periods: dict[str, int] = {}
         self._files = DescriptorCache(truncate=not is_cgroup_mount(cpu_root))
@@ -126,8 +128,8 @@ class CgroupV1(_CgroupTree):
     mode = "cgroup-v1"
 
     def read(self, cgroup: str) -> CpuCounters:
-        usage_path = confine(self.usage_root, cgroup) + "/cpuacct.usage"
-        stat_path = confine(self.cpu_root, cgroup) + "/cpu.stat"
+        usage_path = confine(self._usage_dir, cgroup) + "/cpuacct.usage"
+        stat_path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
         usage = parse_int(self._files.read(usage_path), usage_path)
         stat = parse_keyed(self._files.read(stat_path), stat_path)
         return CpuCounters(
@@ -153,7 +155,7 @@ class CgroupV1(_CgroupTree):
 
     def write_limit(self, cgroup: str, limit: float | None) -> None:
         value = "-1" if limit is None else str(limit_to_quota(limit, self._period(cgroup)))
-        self._files.write(confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us", value)
+        self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.cfs_quota_us", value)
 
     def read_shares(self, cgroup: str) -> int:
         path = confine(self.cpu_root, cgroup) + "/cpu.shares"
@@ -181,7 +183,7 @@ class CgroupV2(_CgroupTree):
             super().create("/".join(parts[:depth]))
 
     def read(self, cgroup: str) -> CpuCounters:
-        path = confine(self.cpu_root, cgroup) + "/cpu.stat"
+        path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
         stat = parse_keyed(self._files.read(path), path)
         if "usage_usec" not in stat:
             raise BackendError(f"{path} has no usage_usec")
@@ -227,7 +229,7 @@ class CgroupV2(_CgroupTree):
     def write_limit(self, cgroup: str, limit: float | None) -> None:
         period = self._period(cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
-        self._files.write(confine(self.cpu_root, cgroup) + "/cpu.max", f"{quota} {period}")
+        self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.max", f"{quota} {period}")
 
 
 def shares_to_weight(shares: int) -> int:

@@ -18,7 +18,7 @@ _COMPONENT = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
 
 
 @functools.lru_cache(maxsize=65536)
-def confine(root: Path, relative: str) -> str:
+def confine(root: str | Path, relative: str) -> str:
     """Join `relative` under `root`, refusing anything that could leave it.
 
     Cached, since the loop asks for the same few paths of every pod every tick.
