@@ -10,10 +10,11 @@ import logging
 import math
 import re
 import signal
+import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from rich.console import Console
 from kuscale.backends.base import BackendError
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
 from kuscale.local.statedir import StateDirError
+from kuscale.logs import setup_logging
 from kuscale.model import InvalidSpec, validate_pod_name, validate_tokens
 
 log = logging.getLogger("kuscale")
@@ -77,8 +79,13 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuscale", description=__doc__)
     parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more log detail (-v info, -vv debug)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more log detail, like klog's -v (the agent logs events by default)",
     )
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
 
     agent = sub.add_parser("agent", help="run the node agent")
@@ -91,6 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--state-dir", type=Path, required=True)
     agent.add_argument("--gpus", type=int, default=1, help="GPUs behind the vGPU layer (0: none)")
     agent.add_argument("--gpu-root", type=Path, help="vGPU layer root (default STATE/vgpu)")
+    agent.add_argument(
+        "--metrics-address",
+        default="127.0.0.1:9091",
+        help="HOST:PORT for /metrics and /healthz ('' to turn off)",
+    )
+    agent.add_argument(
+        "--node-name", default=socket.gethostname(), help="the node label on every metric"
+    )
+    agent.add_argument("--record", type=Path, help="write every tick to this JSON-lines file")
+    agent.add_argument(
+        "--record-max-mb",
+        type=float,
+        default=64.0,
+        help="rotate the recording past this size (keeps two files)",
+    )
     _add_agent_options(agent)
 
     launch = sub.add_parser("launch", help="run a command in a cgroup the agent manages")
@@ -111,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--plot", type=Path, dest="plot_path")
     demo.add_argument("--simulate", action="store_true", help="use a simulated node")
     _add_agent_options(demo)
+
+    top = sub.add_parser("top", help="a live view of every pod")
+    where = top.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state-dir", type=Path, help="a local agent's state dir")
+    where.add_argument("--url", help="a remote agent's metrics URL, e.g. http://node:9091")
+    top.add_argument("--sort", choices=("cpu", "gpu", "tokens", "queue", "name"), default="cpu")
+    top.add_argument("--interval", type=_seconds, help="refresh (default: the agent's period)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    plot = sub.add_parser("plot", help="draw usage, limit and estimate from a recording")
+    plot.add_argument("recording", type=Path)
+    plot.add_argument("--out", type=Path, required=True, help="PNG file to write")
 
     emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
     emulator.add_argument("--state-dir", type=Path, required=True)
@@ -138,14 +172,36 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from kuscale.exporter import AddressError, MetricsExporter
     from kuscale.local.agent import LocalAgent
     from kuscale.local.statedir import StateDir
     from kuscale.monitor import Stop
+    from kuscale.record import TickRecorder
 
     if args.gpus < 0:
         raise CliError("--gpus must be 0 or more")
+    if args.record_max_mb <= 0:
+        raise CliError("--record-max-mb must be above 0")
     config = _config(args)
-    agent = LocalAgent(StateDir(args.state_dir), config, gpus=args.gpus, gpu_root=args.gpu_root)
+    exporter = MetricsExporter(args.node_name)
+    listeners: list[Callable[[dict[str, Any]], None]] = [exporter.on_tick]
+    recorder = None
+    if args.record:
+        recorder = TickRecorder(args.record, int(args.record_max_mb * 2**20))
+        listeners.append(recorder)
+    agent = LocalAgent(
+        StateDir(args.state_dir),
+        config,
+        gpus=args.gpus,
+        gpu_root=args.gpu_root,
+        listeners=listeners,
+    )
+    if args.metrics_address:
+        try:
+            host, port = exporter.serve(args.metrics_address)
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", host, port)
+        except (AddressError, OSError) as err:
+            log.error("metrics are off: cannot serve on %s: %s", args.metrics_address, err)
 
     def stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -154,13 +210,19 @@ def cmd_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info(
-        "agent running: %s, policy %s, period %.3g s%s",
+        "agent running on node %s: %s, policy %s, period %.3g s%s",
+        args.node_name,
         agent.cgroups.mode,
         config.policy,
         config.period,
         " (monitor only)" if config.monitor_only else "",
     )
-    agent.run()
+    try:
+        agent.run()
+    finally:
+        exporter.close()
+        if recorder is not None:
+            recorder.close()
     return 0
 
 
@@ -247,11 +309,37 @@ def cmd_workload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from kuscale.top import MetricsSource, Source, StateDirSource, TopError, run_top
+
+    source: Source = StateDirSource(args.state_dir) if args.state_dir else MetricsSource(args.url)
+    try:
+        run_top(source, args.sort, args.once, args.interval, Console())
+    except TopError as err:
+        raise CliError(str(err)) from None
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from kuscale.plotting import plot_timeline
+    from kuscale.record import RecordingError, read_recording
+
+    try:
+        rows = read_recording(args.recording)
+    except RecordingError as err:
+        raise CliError(str(err)) from None
+    plot_timeline(rows, args.out, f"kuscale recording · {args.recording.name}")
+    print(f"plot written to {args.out}")
+    return 0
+
+
 COMMANDS = {
     "agent": cmd_agent,
     "launch": cmd_launch,
     "status": cmd_status,
     "demo": cmd_demo,
+    "top": cmd_top,
+    "plot": cmd_plot,
     "gpu-emulator": cmd_gpu_emulator,
     "workload": cmd_workload,
 }
@@ -259,9 +347,10 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    setup_logging(
+        args.verbose,
+        args.log_format == "json",
+        base=1 if args.command in ("agent", "gpu-emulator") else 0,
     )
     try:
         return COMMANDS[args.command](args)

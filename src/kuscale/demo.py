@@ -272,7 +272,7 @@ def run_on_cgroups(
     state_path = Path(tempfile.mkdtemp(prefix="kuscale-demo-"))
     state = StateDir(state_path).ensure()
     parent = f"kuscale-demo-{os.getpid()}"
-    agent = LocalAgent(state, config, gpus=1, cgroups=cgroups, on_tick=recorder)
+    agent = LocalAgent(state, config, gpus=1, cgroups=cgroups, listeners=[recorder])
     processes: list[subprocess.Popen[bytes]] = []
     try:
         with _gpu_emulator(state):

@@ -21,6 +21,7 @@ import numpy as np
 
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend
 from kuscale.config import AgentConfig
+from kuscale.logs import event
 from kuscale.model import (
     INITIAL_LIMIT,
     MAX_SHARES,
@@ -145,7 +146,17 @@ class Monitor:
         reason = self._refusal(spec)
         self.registry.running[spec.key] = pod
         if reason:
-            log.warning("pod %s refused: %s", spec.key, reason)
+            event(
+                log,
+                logging.WARNING,
+                "refused",
+                "pod %s refused: %s",
+                spec.key,
+                reason,
+                pod=spec.name,
+                namespace=spec.namespace,
+                reason=reason,
+            )
             self.registry.complete(spec.key, PodStatus.REFUSED, reason)
             return
         try:
@@ -153,7 +164,17 @@ class Monitor:
         except CgroupGone as err:
             pod.status = PodStatus.NOT_READY
             pod.reason = str(err)
-            log.info("pod %s not ready: %s", spec.key, err)
+            event(
+                log,
+                logging.INFO,
+                "not_ready",
+                "pod %s not ready: %s",
+                spec.key,
+                err,
+                pod=spec.name,
+                namespace=spec.namespace,
+                reason=str(err),
+            )
         except BackendError as err:
             self._count_error(pod, err)
             pod.status = PodStatus.NOT_READY
@@ -192,16 +213,35 @@ class Monitor:
         pod.reason = ""
         for resource, state in pod.resources.items():
             self._write(pod, resource, state, INITIAL_LIMIT)
-        log.info(
+        event(
+            log,
+            logging.INFO,
+            "adopted",
             "pod %s adopted with %d tokens (cgroup %s%s)",
             spec.key,
             spec.tokens,
             spec.cgroup,
             f", vGPU {spec.vgpu_id}" if spec.vgpu_id else "",
+            pod=spec.name,
+            namespace=spec.namespace,
+            tokens=spec.tokens,
+            cgroup=spec.cgroup,
+            vgpu_id=spec.vgpu_id,
         )
 
     def _complete(self, pod: PodState, reason: str) -> None:
-        log.info("pod %s completed: %s", pod.key, reason)
+        event(
+            log,
+            logging.INFO,
+            "completed",
+            "pod %s completed: %s",
+            pod.key,
+            reason,
+            pod=pod.spec.name,
+            namespace=pod.spec.namespace,
+            reason=reason,
+            updates=pod.updated_count,
+        )
         self.registry.complete(pod.key, PodStatus.COMPLETED, reason)
         if pod.spec.owned:
             self._remove_owned(pod)
@@ -218,7 +258,18 @@ class Monitor:
 
     def _count_error(self, pod: PodState, err: BackendError) -> None:
         self.stats.errors[err.kind] += 1
-        log.warning("pod %s: %s", pod.key, err)
+        event(
+            log,
+            logging.WARNING,
+            "actuation_error",
+            "pod %s: %s",
+            pod.key,
+            err,
+            pod=pod.spec.name,
+            namespace=pod.spec.namespace,
+            kind=err.kind,
+            error=str(err),
+        )
 
     # The tick.
 
@@ -279,7 +330,15 @@ class Monitor:
             busy_gpu is not None and previous_gpu is not None and busy_gpu < previous_gpu
         ):
             self.stats.errors["backwards"] += 1
-            log.warning("pod %s: a counter went backwards; taking a new baseline", pod.key)
+            event(
+                log,
+                logging.WARNING,
+                "counter_backwards",
+                "pod %s: a counter went backwards; taking a new baseline",
+                pod.key,
+                pod=spec.name,
+                namespace=spec.namespace,
+            )
             return None
         wall_ns = elapsed * 1e9
         ceilings = self._ceilings
@@ -349,18 +408,36 @@ class Monitor:
         """Actuate one limit; on failure the pod keeps (and is charged for) the old one."""
         if not math.isfinite(limit) or limit <= 0:
             self.stats.errors["invalid"] += 1
-            log.error(
-                "pod %s: policy gave %s limit %r; not written", pod.key, resource.label, limit
+            event(
+                log,
+                logging.ERROR,
+                "invalid_limit",
+                "pod %s: policy gave %s limit %r; not written",
+                pod.key,
+                resource.label,
+                limit,
+                pod=pod.spec.name,
+                namespace=pod.spec.namespace,
+                resource=resource.label,
+                limit=repr(limit),
             )
             return
         ceiling = self._ceilings[resource]
         if limit > ceiling:
-            log.info(
+            event(
+                log,
+                logging.INFO,
+                "clamped",
                 "pod %s: %s limit %.1f clamped to the node's %.1f",
                 pod.key,
                 resource.label,
                 limit,
                 ceiling,
+                pod=pod.spec.name,
+                namespace=pod.spec.namespace,
+                resource=resource.label,
+                limit=limit,
+                ceiling=ceiling,
             )
             self.stats.errors["clamped"] += 1
             limit = ceiling

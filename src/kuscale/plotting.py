@@ -12,11 +12,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-SERIES = (("demand", "tab:gray", "--"), ("usage", "tab:blue", "-"), ("limit", "tab:red", "-"))
+SERIES = (
+    ("demand", "tab:gray", "--"),
+    ("estimate", "tab:green", ":"),
+    ("usage", "tab:blue", "-"),
+    ("limit", "tab:red", "-"),
+)
+"""What a row may carry: the true demand (known in the demo and the simulator), the
+policy's demand estimate (in recordings), the measured usage and the limit."""
 
 
 def plot_timeline(rows: Iterable[dict[str, Any]], path: Path, title: str) -> None:
-    """Rows carry t, pod, resource and any of demand/usage/limit (percent)."""
+    """Rows carry t, pod, resource and any of the SERIES keys (percent)."""
     panels: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = defaultdict(
         lambda: defaultdict(list)
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,12 @@ class LocalAgent:
         gpus: int = 1,
         gpu_root: Path | None = None,
         cgroups: CgroupV1 | CgroupV2 | None = None,
-        on_tick: Callable[[dict[str, Any]], None] | None = None,
+        listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
     ) -> None:
         self.state = state.ensure()
         self.cgroups = cgroups or detect()
         gpu = VgpuLayer(gpu_root or state.vgpu, gpus) if gpus > 0 else None
-        self._extra_on_tick = on_tick
+        self.listeners = list(listeners)
         self.monitor = Monitor(
             self.cgroups, gpu, config, on_tick=self._on_tick, on_completed=self._on_completed
         )
@@ -48,8 +48,8 @@ class LocalAgent:
             self.state.write_status(snapshot)
         except OSError as err:
             log.warning("cannot write %s: %s", self.state.status, err)
-        if self._extra_on_tick:
-            self._extra_on_tick(snapshot)
+        for listener in self.listeners:
+            listener(snapshot)
 
     def _on_completed(self, pod: PodState) -> None:
         try:
