@@ -15,7 +15,7 @@ from kuscale.config import PolicyConfig
 from kuscale.model import RESOURCES
 from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
 from kuscale.policy.demand import estimate_demand
-from kuscale.policy.original import static_weights, usage_weights
+from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_pods
 from kuscale.policy.waterfill import water_fill
 from kuscale.tokens import advance_queue
@@ -67,10 +67,7 @@ class KuscalePolicy:
         demand = estimate_demand(
             obs.usage, obs.limits, obs.starved, obs.demand, upper, cfg.growth, cfg.damping
         )
-        if cfg.static_v > 0:
-            weights = np.where(obs.uses, static_weights(prices, cfg.static_v), 1.0)
-        else:
-            weights = usage_weights(obs.usage, obs.avg_usage, prices, obs.uses)
+        weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = obs.tokens + cfg.burst_factor * queue / obs.period
         available = cfg.burst_factor * queue + obs.tokens * obs.period
         lower = np.broadcast_to(self.minimums, obs.usage.shape)

@@ -34,6 +34,13 @@ def usage_weights(
     return np.where(uses, scale * prices * total / np.maximum(shifted_avg, 1.0), 1.0)
 
 
+def dynamic_weights(obs: Observation, prices: FloatArray, static_v: float) -> FloatArray:
+    """Step 3 of the rule, shared by both policies: static for V > 0, else usage-based."""
+    if static_v > 0:
+        return np.where(obs.uses, static_weights(prices, static_v), 1.0)
+    return usage_weights(obs.usage, obs.avg_usage, prices, obs.uses)
+
+
 class OriginalPolicy:
     """`kuscale-2022`: each pod alone maximises Σ_r [A·p_r·x_r − w_r·(x_r − u_r)²]."""
 
@@ -56,10 +63,7 @@ class OriginalPolicy:
         queue = advance_queue(
             obs.queue, obs.tokens, obs.limits, prices, obs.elapsed, obs.tokens * cfg.burst_seconds
         )
-        if cfg.static_v > 0:
-            weights = np.where(obs.uses, static_weights(prices, cfg.static_v), 1.0)
-        else:
-            weights = usage_weights(obs.usage, obs.avg_usage, prices, obs.uses)
+        weights = dynamic_weights(obs, prices, cfg.static_v)
         available = cfg.burst_factor * queue + obs.tokens * obs.period
         limits = self.step(obs.usage, prices, weights, available, obs.period)
         limits = np.where(obs.uses, np.maximum(limits, self.minimums), 0.0)
