@@ -111,7 +111,7 @@ def test_completed_pods_disappear_from_the_metrics(
 ) -> None:
     node, monitor, _, url = simulated
     tick(node, monitor, 3)
-    del node.pods["alpha"]
+    SimCpu(node).remove("alpha")
     tick(node, monitor, 1)
     samples = scrape(url + "/metrics")
     assert not [s for s in samples if s.labels.get("pod") == "alpha"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kuscale.backends.base import CounterError
@@ -50,10 +51,9 @@ def test_a_new_pod_starts_at_ten_and_follows_demand() -> None:
     monitor.tick(node.now)
     state = monitor.registry.running["local/busy"]
     assert state.status is PodStatus.RUNNING
-    assert node.pods["busy"].cpu_limit == 10.0
+    assert SimCpu(node).read_limit("busy") == 10.0
     step(node, monitor, 20)
-    assert node.pods["busy"].cpu_limit is not None
-    assert node.pods["busy"].cpu_limit >= 90.0
+    assert (SimCpu(node).read_limit("busy") or 0.0) >= 90.0
     assert state.updated_count == 20
     assert len(state.resources[Resource.CPU].history) == CONFIG.window
 
@@ -65,8 +65,9 @@ def test_small_budget_never_spent_above_its_tokens() -> None:
     monitor.tick(node.now)
     for _ in range(40):
         step(node, monitor, 1)
-        assert node.pods["thrifty"].cpu_limit is not None
-        assert node.pods["thrifty"].cpu_limit <= 30.0 + 1e-9
+        limit = SimCpu(node).read_limit("thrifty")
+        assert limit is not None
+        assert limit <= 30.0 + 1e-9
 
 
 def test_a_pod_whose_cgroup_disappears_completes_and_the_rest_go_on() -> None:
@@ -75,7 +76,7 @@ def test_a_pod_whose_cgroup_disappears_completes_and_the_rest_go_on() -> None:
     monitor.submit(PodAdded(pod(node, "a")))
     monitor.submit(PodAdded(pod(node, "b")))
     step(node, monitor, 2)
-    del node.pods["a"]
+    SimCpu(node).remove("a")
     step(node, monitor, 2)
     assert "local/a" in monitor.registry.completed
     assert monitor.registry.completed["local/a"].status is PodStatus.COMPLETED
@@ -88,7 +89,7 @@ def test_an_owned_pod_whose_processes_exit_completes_and_is_removed() -> None:
     monitor.submit(PodAdded(pod(node, "short", end=1.0)))
     step(node, monitor, 4)
     assert "local/short" in monitor.registry.completed
-    assert "short" not in node.pods
+    assert not node.present("short")
 
 
 class FlakyCpu(SimCpu):
@@ -128,8 +129,8 @@ def test_monitor_only_measures_and_writes_nothing() -> None:
     monitor = make(node, replace(CONFIG, monitor_only=True))
     monitor.submit(PodAdded(pod(node, "watched", gpu="0:50")))
     step(node, monitor, 5)
-    assert node.pods["watched"].cpu_limit is None
-    assert node.pods["watched"].gpu_limit is None
+    assert SimCpu(node).read_limit("watched") is None
+    assert SimGpu(node).read_limit("watched") is None
     state = monitor.registry.running["local/watched"]
     assert state.resources[Resource.CPU].usage == pytest.approx(100.0)
     assert state.resources[Resource.GPU].usage == pytest.approx(50.0)
@@ -144,7 +145,7 @@ def test_a_gpu_pod_on_a_node_without_gpu_is_refused_with_a_reason() -> None:
     view = next(p for p in snapshot["pods"] if p["name"] == "wants-gpu")
     assert view["status"] == "refused"
     assert "GPU" in view["reason"]
-    assert node.pods["wants-gpu"].cpu_limit is None
+    assert SimCpu(node).read_limit("wants-gpu") is None
 
 
 def test_removed_pods_are_released() -> None:
@@ -161,14 +162,14 @@ def test_removed_pods_are_released() -> None:
 def test_restore_puts_back_what_was_there_before() -> None:
     node = SimNode()
     spec = pod(node, "had-limit", gpu="0:100")
-    node.pods["had-limit"].cpu_limit = 150.0
+    SimCpu(node).write_limit("had-limit", 150.0)
     monitor = make(node)
     monitor.submit(PodAdded(spec))
     step(node, monitor, 3)
-    assert node.pods["had-limit"].cpu_limit != 150.0
+    assert SimCpu(node).read_limit("had-limit") != 150.0
     monitor.restore()
-    assert node.pods["had-limit"].cpu_limit == 150.0
-    assert node.pods["had-limit"].gpu_limit is None
+    assert SimCpu(node).read_limit("had-limit") == 150.0
+    assert SimGpu(node).read_limit("had-limit") is None
 
 
 def test_run_stops_on_a_stop_event_and_restores() -> None:
@@ -182,7 +183,7 @@ def test_run_stops_on_a_stop_event_and_restores() -> None:
     monitor.submit(Stop())
     thread.join(timeout=5)
     assert not thread.is_alive()
-    assert node.pods["busy"].cpu_limit is None
+    assert SimCpu(node).read_limit("busy") is None
 
 
 def test_the_original_rule_never_writes_more_than_the_node_has() -> None:
@@ -202,7 +203,7 @@ def ticks_to_reach(policy: str, target: float) -> int:
     monitor.tick(node.now)
     for tick in range(1, 60):
         step(node, monitor, 1)
-        if node.pods["burst"].last_cpu >= target:
+        if node.granted[node.index["burst"], 0] >= target:
             return tick
     return 60
 
@@ -219,11 +220,11 @@ def test_a_full_node_is_shared_by_tokens_and_never_oversubscribed() -> None:
         monitor.submit(PodAdded(pod(node, name, cpu="0:100", tokens=300)))
     for _ in range(20):
         step(node, monitor, 1)
-        assert sum(p.cpu_limit or 0.0 for p in node.pods.values()) <= 200.0 + 1e-6
-    assert [node.pods[n].cpu_limit for n in "abc"] == pytest.approx([200 / 3] * 3, rel=0.02)
+        assert float(np.nansum(node.limit[:, 0])) <= 200.0 + 1e-6
+    assert [SimCpu(node).read_limit(n) for n in "abc"] == pytest.approx([200 / 3] * 3, rel=0.02)
     monitor.submit(PodAdded(pod(node, "d", cpu="0:100", tokens=600)))
     step(node, monitor, 20)
-    limits = {n: node.pods[n].cpu_limit or 0.0 for n in "abcd"}
+    limits = {n: SimCpu(node).read_limit(n) or 0.0 for n in "abcd"}
     assert sum(limits.values()) <= 200.0 + 1e-6
     assert limits["d"] == pytest.approx(2 * limits["a"], rel=0.05)
 
@@ -236,7 +237,7 @@ def test_a_pod_that_cannot_afford_its_minimums_is_refused_and_shown() -> None:
     view = next(p for p in monitor.snapshot()["pods"] if p["name"] == "poor")
     assert view["status"] == "refused"
     assert "cannot buy the minimum" in view["reason"]
-    assert node.pods["poor"].cpu_limit is None
+    assert SimCpu(node).read_limit("poor") is None
 
 
 def test_kernel_shares_follow_tokens_and_are_restored() -> None:
@@ -245,7 +246,7 @@ def test_kernel_shares_follow_tokens_and_are_restored() -> None:
     for name, tokens in (("small", 100), ("large", 400)):
         monitor.submit(PodAdded(pod(node, name, tokens=tokens)))
     step(node, monitor, 1)
-    assert node.pods["small"].shares == 1024
-    assert node.pods["large"].shares == 4096
+    assert SimCpu(node).read_shares("small") == 1024
+    assert SimCpu(node).read_shares("large") == 4096
     monitor.restore()
-    assert node.pods["large"].shares == 1024
+    assert SimCpu(node).read_shares("large") == 1024

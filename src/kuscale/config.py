@@ -34,6 +34,36 @@ class ResourceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BaselineConfig:
+    """Parameters of the rules kuscale is compared with, at their published defaults."""
+
+    static_cpu_share: float = 0.5
+    """`static`: the share of a CPU+GPU pod's tokens spent on the CPU."""
+    vpa_half_life: float = 24 * 3600.0
+    vpa_percentile: float = 0.9
+    vpa_margin: float = 0.15
+    vpa_interval: float = 60.0
+    """Seconds between the recommender's recomputations."""
+    autothrottle_target: float = 0.1
+    """The throttle ratio each per-pod controller aims at (the paper's Tower picks it)."""
+    autothrottle_margin: float = 0.1
+    autothrottle_window: float = 60.0
+    """Seconds of usage whose maximum the controller scales down towards."""
+
+    def validate(self) -> BaselineConfig:
+        for key in ("static_cpu_share", "vpa_percentile", "autothrottle_target"):
+            value = getattr(self, key)
+            _require_finite(f"baselines.{key}", value, non_negative=True)
+            if value > 1.0:
+                raise ConfigError(f"baselines.{key} must be in [0, 1], got {value}")
+        for key in ("vpa_half_life", "vpa_interval", "autothrottle_window"):
+            _require_finite(f"baselines.{key}", getattr(self, key), positive=True)
+        for key in ("vpa_margin", "autothrottle_margin"):
+            _require_finite(f"baselines.{key}", getattr(self, key), non_negative=True)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """Parameters of the rules, with the original KuScale's values as defaults."""
 
@@ -52,6 +82,7 @@ class PolicyConfig:
     """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only)."""
     damping: float = 0.7
     """Share of the excess of the demand estimate over usage kept per quiet tick."""
+    baselines: BaselineConfig = field(default_factory=lambda: BaselineConfig())
 
     def resource(self, resource: Resource) -> ResourceConfig:
         return self.cpu if resource is Resource.CPU else self.gpu
@@ -89,10 +120,11 @@ class PolicyConfig:
             raise ConfigError(f"policy.pin_tolerance must be in [0, 1), got {self.pin_tolerance}")
         if not 0.0 < self.ewma_weight <= 1.0:
             raise ConfigError(f"policy.ewma_weight must be in (0, 1], got {self.ewma_weight}")
+        self.baselines.validate()
         return self
 
 
-POLICY_NAMES = ("kuscale", "kuscale-2022")
+POLICY_NAMES = ("kuscale", "kuscale-2022", "static", "vpa", "autothrottle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +189,6 @@ def _apply(target: Any, table: dict[str, Any], section: str, skip: tuple[str, ..
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
     """Read a TOML file (if any), apply command-line overrides, and validate the result."""
     data: dict[str, Any] = {}
-    where = str(path) if path else "defaults"
     if path is not None:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -165,12 +196,23 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
             raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config {path} is not valid TOML: {err}") from err
+    return config_from_mapping(data, str(path) if path else "defaults", overrides)
+
+
+def config_from_mapping(
+    data: dict[str, Any], where: str, overrides: dict[str, Any] | None = None
+) -> AgentConfig:
+    """The config file's tables ([agent], [policy], [resources.*], [baselines]) from any
+    source, so a scenario can carry the same settings as the agent's TOML."""
+    data = dict(data)
     agent_table = _take_table(data, "agent", where)
     policy_table = _take_table(data, "policy", where)
     resources_table = _take_table(data, "resources", where)
+    baselines_table = _take_table(data, "baselines", where)
     if data:
         raise ConfigError(f"{where}: unknown section(s): {', '.join(sorted(data))}")
-    policy = _apply(PolicyConfig(), policy_table, "policy", skip=("cpu", "gpu"))
+    policy = _apply(PolicyConfig(), policy_table, "policy", skip=("cpu", "gpu", "baselines"))
+    policy = replace(policy, baselines=_apply(BaselineConfig(), baselines_table, "baselines"))
     for name, table in resources_table.items():
         if name not in ("cpu", "gpu") or not isinstance(table, dict):
             raise ConfigError(f"{where}: [resources.{name}] is not a known resource table")

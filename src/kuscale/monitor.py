@@ -72,6 +72,7 @@ class _Measured:
     elapsed: float
     usage: list[float]
     starved: list[bool]
+    throttled: list[float]
     uses: list[bool]
     prior: list[list[float]]
     """Per resource: the limit held, the EWMA average so far, the last demand estimate."""
@@ -348,7 +349,10 @@ class Monitor:
         ]
         if busy_gpu is not None and previous_gpu is not None:
             usage[1] = min((busy_gpu - previous_gpu) * 100.0 / wall_ns, ceilings[1])
-        starved = [counters.nr_throttled > previous_cpu.nr_throttled, False]
+        periods = counters.nr_periods - previous_cpu.nr_periods
+        throttled_periods = counters.nr_throttled - previous_cpu.nr_throttled
+        starved = [throttled_periods > 0, False]
+        throttled = [min(max(throttled_periods / periods, 0.0), 1.0) if periods > 0 else 0.0, 0.0]
         threshold = self._pinned_at
         uses = [False, False]
         prior = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
@@ -358,7 +362,9 @@ class Monitor:
             prior[1][index] = state.avg_usage
             prior[2][index] = state.demand
             starved[index] = starved[index] or usage[index] >= threshold * state.limit
-        return _Measured(pod, elapsed, usage, starved, uses, prior)
+        if starved[1]:
+            throttled[1] = 1.0
+        return _Measured(pod, elapsed, usage, starved, throttled, uses, prior)
 
     def _decide(self, measured: list[_Measured]) -> None:
         uses = np.array([m.uses for m in measured])
@@ -378,6 +384,8 @@ class Monitor:
             demand=prior[:, 2],
             uses=uses,
             capacity=self.capacity,
+            keys=tuple(m.pod.key for m in measured),
+            throttled=np.array([m.throttled for m in measured], dtype=np.float64),
         )
         decision = self.policy.decide(obs)
         rows = zip(

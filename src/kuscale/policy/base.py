@@ -6,7 +6,7 @@ that does not use a resource has `uses` False in that column; rules must leave i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -39,10 +39,23 @@ class Observation:
     uses: BoolArray
     capacity: FloatArray
     """Node capacity per resource, percent (0 where the node has none)."""
+    keys: tuple[str, ...] = ()
+    """Each row's pod, for rules that remember pods across ticks (VPA's histograms)."""
+    throttled: FloatArray | None = field(default=None)
+    """Share of the pod's CFS periods in Δt that were throttled, per resource (the GPU's is
+    1 where it was pinned at its limit); None where not measured."""
 
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])
+
+    def pod_keys(self) -> tuple[str, ...]:
+        return self.keys or tuple(str(i) for i in range(self.size))
+
+    def throttle_ratio(self) -> FloatArray:
+        if self.throttled is not None:
+            return self.throttled
+        return self.starved.astype(np.float64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,96 +1,132 @@
 """A simulated node: simulated time, counters and a CFS-like share of a full node.
 
-Each pod has a demand schedule per resource. Over a step it receives min(demand, limit); when
-those add up to more than the node has, the node shares by weight (cpu.shares for the CPU,
-equal for the GPU) capped at what each pod asks, as the kernel's fair scheduler would. A pod
-whose demand exceeds its limit is throttled in every CFS period of the step.
+Every pod is a row of arrays, so one step of a thousand pods is a handful of numpy
+operations. Over a step each pod receives min(demand, limit); when those add up to more than
+the node has, the node shares by weight (cpu.shares for the CPU, equal for the GPU) capped at
+what each pod asks, as the kernel's fair scheduler would. A pod whose demand exceeds its
+quota is throttled in every CFS period of the step.
+
+Demand comes either from per-pod step schedules (the demo and the tests) or, for scenarios,
+from one function of time that returns every row's demand at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from kuscale.backends.base import CgroupGone
-from kuscale.model import CpuCounters
+from kuscale.model import CpuCounters, Resource
+from kuscale.policy.base import FloatArray
 from kuscale.policy.waterfill import water_fill
 from kuscale.workload import Schedule
 
 CFS_PERIOD = 0.1
+NS = 1e9
+
+DemandSource = Callable[[float], FloatArray]
+"""Simulated time → demand in percent, shape (rows, 2): CPU then GPU."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SimPod:
+    """A pod whose demand follows step schedules, present from `start` until `end`."""
+
     cpu: Schedule
     gpu: Schedule | None = None
     end: float = float("inf")
-    cpu_limit: float | None = None
-    gpu_limit: float | None = None
-    shares: float = 1024.0
-    usage_ns: float = 0.0
-    gpu_busy_ns: float = 0.0
-    nr_periods: int = 0
-    nr_throttled: int = 0
-    throttled_ns: float = 0.0
-    last_cpu: float = 0.0
-    last_gpu: float = 0.0
+    start: float = 0.0
 
 
-@dataclass(slots=True)
 class SimNode:
-    cores: int = 2
-    gpus: int = 1
-    now: float = 0.0
-    pods: dict[str, SimPod] = field(default_factory=dict)
+    """The node's pods as rows; limits are NaN where unlimited."""
+
+    def __init__(self, cores: int = 2, gpus: int = 1, demand: DemandSource | None = None) -> None:
+        self.cores = cores
+        self.gpus = gpus
+        self.now = 0.0
+        self.capacity = np.array([cores * 100.0, gpus * 100.0])
+        self.index: dict[str, int] = {}
+        self._schedules: list[SimPod] = []
+        self._source = demand
+        self.start = np.zeros(0)
+        self.end = np.zeros(0)
+        self.removed = np.zeros(0, dtype=bool)
+        self.limit = np.zeros((0, 2))
+        self.shares = np.zeros(0)
+        self.demand = np.zeros((0, 2))
+        self.granted = np.zeros((0, 2))
+        self.busy_ns = np.zeros((0, 2))
+        self.nr_periods = np.zeros(0, dtype=np.int64)
+        self.nr_throttled = np.zeros(0, dtype=np.int64)
+        self.throttled_ns = np.zeros(0)
 
     def add(self, name: str, pod: SimPod) -> None:
-        self.pods[name] = pod
+        self.add_rows([name], np.array([pod.start]), np.array([pod.end]))
+        self._schedules.append(pod)
 
-    def _grant(
-        self, capacity: float, demand: list[float], limits: list[float | None], weights: list[float]
-    ) -> np.ndarray:
-        wanted = np.array(
-            [
-                min(d, capacity if lim is None else lim)
-                for d, lim in zip(demand, limits, strict=True)
-            ],
-            dtype=np.float64,
-        )
-        return water_fill(capacity, np.array(weights, dtype=np.float64), wanted)
+    def add_rows(self, names: list[str], start: FloatArray, end: FloatArray) -> None:
+        """Append pods whose demand the node's demand source gives, in this row order."""
+        first = len(self.index)
+        self.index.update((name, first + i) for i, name in enumerate(names))
+        rows = len(names)
+        self.start = np.concatenate([self.start, start])
+        self.end = np.concatenate([self.end, end])
+        self.removed = np.concatenate([self.removed, np.zeros(rows, dtype=bool)])
+        self.limit = np.concatenate([self.limit, np.full((rows, 2), np.nan)])
+        self.shares = np.concatenate([self.shares, np.full(rows, 1024.0)])
+        for name in ("demand", "granted", "busy_ns"):
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros((rows, 2))]))
+        self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
+        self.nr_throttled = np.concatenate([self.nr_throttled, np.zeros(rows, dtype=np.int64)])
+        self.throttled_ns = np.concatenate([self.throttled_ns, np.zeros(rows)])
+
+    def live(self) -> np.ndarray:
+        return (self.start <= self.now) & (self.now < self.end) & ~self.removed
+
+    def _demand_now(self) -> FloatArray:
+        if self._source is not None:
+            return self._source(self.now)
+        return np.array(
+            [[p.cpu.at(self.now), p.gpu.at(self.now) if p.gpu else 0.0] for p in self._schedules]
+        ).reshape(-1, 2)
 
     def advance(self, seconds: float) -> None:
         """Run every live pod for `seconds` of simulated time at its current demand."""
-        live = [(name, pod) for name, pod in self.pods.items() if self.now < pod.end]
-        if live:
-            pods = [pod for _, pod in live]
-            cpu_demand = [pod.cpu.at(self.now) for pod in pods]
-            gpu_demand = [pod.gpu.at(self.now) if pod.gpu else 0.0 for pod in pods]
-            cpu = self._grant(
-                self.cores * 100.0,
-                cpu_demand,
-                [p.cpu_limit for p in pods],
-                [p.shares for p in pods],
-            )
-            gpu = self._grant(
-                self.gpus * 100.0, gpu_demand, [p.gpu_limit for p in pods], [1.0] * len(pods)
-            )
-            periods = max(1, round(seconds / CFS_PERIOD))
-            for i, pod in enumerate(pods):
-                pod.last_cpu, pod.last_gpu = float(cpu[i]), float(gpu[i])
-                pod.usage_ns += cpu[i] / 100.0 * seconds * 1e9
-                pod.gpu_busy_ns += gpu[i] / 100.0 * seconds * 1e9
-                pod.nr_periods += periods
-                if pod.cpu_limit is not None and cpu_demand[i] > pod.cpu_limit:
-                    pod.nr_throttled += periods
-                    pod.throttled_ns += (cpu_demand[i] - pod.cpu_limit) / 100.0 * seconds * 1e9
+        live = self.live()
+        self.demand = np.where(live[:, None], self._demand_now(), 0.0)
+        wanted = np.fmin(self.demand, self.limit)
+        granted = np.zeros_like(wanted)
+        for resource, weights in ((Resource.CPU, self.shares), (Resource.GPU, None)):
+            column = wanted[live, resource]
+            if column.sum() > self.capacity[resource]:
+                fair = np.ones(column.shape) if weights is None else weights[live]
+                column = water_fill(float(self.capacity[resource]), fair, column)
+            granted[live, resource] = column
+        self.granted = granted
+        self.busy_ns += granted / 100.0 * seconds * NS
+        periods = max(1, round(seconds / CFS_PERIOD))
+        self.nr_periods[live] += periods
+        over = live & (self.demand[:, 0] > self.limit[:, 0])
+        self.nr_throttled[over] += periods
+        self.throttled_ns[over] += (self.demand[over, 0] - self.limit[over, 0]) / 100.0 * seconds * NS
         self.now += seconds
 
-    def pod(self, name: str) -> SimPod:
-        try:
-            return self.pods[name]
-        except KeyError:
-            raise CgroupGone(f"simulated pod {name!r} is gone") from None
+    def row(self, name: str) -> int:
+        row = self.index.get(name)
+        if row is None or self.removed[row] or self.now < self.start[row]:
+            raise CgroupGone(f"simulated pod {name!r} is gone")
+        return row
+
+    def present(self, name: str) -> bool:
+        row = self.index.get(name)
+        return row is not None and not self.removed[row] and bool(self.now >= self.start[row])
+
+
+def _limit(value: float) -> float | None:
+    return None if np.isnan(value) else float(value)
 
 
 class SimCpu:
@@ -102,34 +138,40 @@ class SimCpu:
         self.node = node
 
     def capacity(self) -> float:
-        return self.node.cores * 100.0
+        return float(self.node.capacity[Resource.CPU])
 
     def exists(self, cgroup: str) -> bool:
-        return cgroup in self.node.pods
+        return self.node.present(cgroup)
 
     def is_empty(self, cgroup: str) -> bool:
-        return self.node.now >= self.node.pod(cgroup).end
+        return bool(self.node.now >= self.node.end[self.node.row(cgroup)])
 
     def read(self, cgroup: str) -> CpuCounters:
-        pod = self.node.pod(cgroup)
+        node = self.node
+        row = node.row(cgroup)
         return CpuCounters(
-            int(pod.usage_ns), pod.nr_periods, pod.nr_throttled, int(pod.throttled_ns)
+            int(node.busy_ns[row, 0]),
+            int(node.nr_periods[row]),
+            int(node.nr_throttled[row]),
+            int(node.throttled_ns[row]),
         )
 
     def read_limit(self, cgroup: str) -> float | None:
-        return self.node.pod(cgroup).cpu_limit
+        return _limit(self.node.limit[self.node.row(cgroup), 0])
 
     def write_limit(self, cgroup: str, limit: float | None) -> None:
-        self.node.pod(cgroup).cpu_limit = limit
+        self.node.limit[self.node.row(cgroup), 0] = np.nan if limit is None else limit
 
     def read_shares(self, cgroup: str) -> int:
-        return round(self.node.pod(cgroup).shares)
+        return round(float(self.node.shares[self.node.row(cgroup)]))
 
     def write_shares(self, cgroup: str, shares: int) -> None:
-        self.node.pod(cgroup).shares = float(shares)
+        self.node.shares[self.node.row(cgroup)] = float(shares)
 
     def remove(self, cgroup: str) -> None:
-        self.node.pods.pop(cgroup, None)
+        row = self.node.index.get(cgroup)
+        if row is not None:
+            self.node.removed[row] = True
 
 
 class SimGpu:
@@ -141,19 +183,19 @@ class SimGpu:
         self.node = node
 
     def capacity(self) -> float:
-        return self.node.gpus * 100.0
+        return float(self.node.capacity[Resource.GPU])
 
     def exists(self, vgpu_id: str) -> bool:
-        return vgpu_id in self.node.pods
+        return self.node.present(vgpu_id)
 
     def read(self, vgpu_id: str) -> int:
-        return int(self.node.pod(vgpu_id).gpu_busy_ns)
+        return int(self.node.busy_ns[self.node.row(vgpu_id), 1])
 
     def read_limit(self, vgpu_id: str) -> float | None:
-        return self.node.pod(vgpu_id).gpu_limit
+        return _limit(self.node.limit[self.node.row(vgpu_id), 1])
 
     def write_limit(self, vgpu_id: str, limit: float | None) -> None:
-        self.node.pod(vgpu_id).gpu_limit = limit
+        self.node.limit[self.node.row(vgpu_id), 1] = np.nan if limit is None else limit
 
     def remove(self, vgpu_id: str) -> None:
         """The pod itself goes with its CPU cgroup."""
