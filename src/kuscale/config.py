@@ -82,7 +82,7 @@ class PolicyConfig:
     """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only)."""
     damping: float = 0.7
     """Share of the excess of the demand estimate over usage kept per quiet tick."""
-    baselines: BaselineConfig = field(default_factory=lambda: BaselineConfig())
+    baselines: BaselineConfig = field(default_factory=BaselineConfig)
 
     def resource(self, resource: Resource) -> ResourceConfig:
         return self.cpu if resource is Resource.CPU else self.gpu

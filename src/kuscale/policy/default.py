@@ -1,10 +1,13 @@
 """`kuscale`, the default rule: per-pod budgets that catch bursts, a node shared by tokens.
 
 Pod stage: the original objective on a demand estimate, with bounds and an exact budget
-(`podstage`). Node stage: where the pods' desired limits of a resource exceed what the node
-has (times its overcommit), weighted max-min fair sharing with tokens as weights, each pod
-capped at what it wants and kept at its minimum (`waterfill`). Under contention, tokens
-decide who gets what.
+(`podstage`). Burst credit raises the budget, not the appetite: the objective's linear term
+uses the reservation alone, so a pod with saved credit may spend it on demand but is not
+pushed to hold headroom it does not need. Node stage: where the pods' desired limits of a
+resource exceed what the node has (times its overcommit), weighted max-min fair sharing
+with tokens as weights (`waterfill`), in two passes: first up to each pod's estimated need,
+then the headroom above it, so one pod's headroom never starves another's demand. Under
+contention, tokens decide who gets what.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class KuscalePolicy:
         )
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = obs.tokens + cfg.burst_factor * queue / obs.period
-        available = cfg.burst_factor * queue + obs.tokens * obs.period
+        available = obs.tokens * obs.period
         lower = np.broadcast_to(self.minimums, obs.usage.shape)
         desired = solve_pods(
             demand,
@@ -81,7 +84,7 @@ class KuscalePolicy:
             available,
             obs.uses,
         )
-        limits = self.share_node(desired, obs.tokens, obs.uses, obs.capacity)
+        limits = self.share_node(desired, demand, obs.tokens, obs.uses, obs.capacity)
         return Decision(
             limits=limits,
             weights=np.where(obs.uses, weights, 0.0),
@@ -90,18 +93,25 @@ class KuscalePolicy:
         )
 
     def share_node(
-        self, desired: FloatArray, tokens: FloatArray, uses: BoolArray, capacity: FloatArray
+        self,
+        desired: FloatArray,
+        demand: FloatArray,
+        tokens: FloatArray,
+        uses: BoolArray,
+        capacity: FloatArray,
     ) -> FloatArray:
-        """Water-fill each resource the pods want more of than the node has."""
+        """Water-fill each resource the pods want more of than the node has: first what
+        each pod is estimated to need, then the headroom above it, both by tokens."""
         limits = desired.copy()
         for r in RESOURCES:
             column = uses[:, r]
             if not column.any():
                 continue
-            limits[column, r] = water_fill(
-                float(capacity[r] * self.overcommit[r]),
-                tokens[column],
-                desired[column, r],
-                floors=np.full(int(column.sum()), self.minimums[r]),
-            )
+            share = float(capacity[r] * self.overcommit[r])
+            wanted = desired[column, r]
+            floors = np.full(wanted.shape, self.minimums[r])
+            need = np.minimum(np.maximum(demand[column, r], floors), wanted)
+            first = water_fill(share, tokens[column], need, floors=floors)
+            rest = max(share - float(first.sum()), 0.0)
+            limits[column, r] = first + water_fill(rest, tokens[column], wanted - first)
         return limits

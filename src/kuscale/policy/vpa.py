@@ -59,7 +59,8 @@ class VpaPolicy:
     def decide(self, obs: Observation) -> Decision:
         keys = obs.pod_keys()
         self._add_samples(keys, obs)
-        targets = self.targets.data[self.targets.rows(keys)]
+        rows = self.targets.rows(keys)
+        targets = self.targets.data[rows]
         if self.clock >= self.next_recompute:
             targets = self._recompute(keys, obs)
             self.next_recompute = self.clock + self.settings.vpa_interval
@@ -83,14 +84,13 @@ class VpaPolicy:
             np.searchsorted(self.edges, obs.usage, side="right") - 1, 0, self.edges.size - 2
         )
         pods, resources = np.nonzero(obs.uses)
-        np.add.at(
-            self.histograms.data, (rows[pods], resources, buckets[pods, resources]), weight
-        )
+        np.add.at(self.histograms.data, (rows[pods], resources, buckets[pods, resources]), weight)
 
     def _recompute(self, keys: tuple[str, ...], obs: Observation) -> FloatArray:
         self.histograms.keep_only(keys)
         self.targets.keep_only(keys)
-        histograms = self.histograms.data[self.histograms.rows(keys)]
+        rows = self.histograms.rows(keys)
+        histograms = self.histograms.data[rows]
         cumulative = np.cumsum(histograms, axis=2)
         total = cumulative[:, :, -1:]
         first_over = (cumulative >= self.settings.vpa_percentile * total).argmax(axis=2)

@@ -111,7 +111,8 @@ class SimNode:
         self.nr_periods[live] += periods
         over = live & (self.demand[:, 0] > self.limit[:, 0])
         self.nr_throttled[over] += periods
-        self.throttled_ns[over] += (self.demand[over, 0] - self.limit[over, 0]) / 100.0 * seconds * NS
+        excess = self.demand[over, 0] - self.limit[over, 0]
+        self.throttled_ns[over] += excess / 100.0 * seconds * NS
         self.now += seconds
 
     def row(self, name: str) -> int:
