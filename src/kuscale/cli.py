@@ -1,4 +1,4 @@
-"""The `kuscale` command: agent, launch, status, demo, and the helpers they start."""
+"""The `kuscale` command: agent, launch, status, demo, sim, and the helpers they start."""
 
 from __future__ import annotations
 
@@ -52,6 +52,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _policies(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICY_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or text!r}; choose from {', '.join(POLICY_NAMES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
 def _pod_name(text: str) -> str:
     try:
         return validate_pod_name(text)
@@ -74,6 +84,24 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="measure and export, write no limit",
     )
+
+
+def _add_sim_parser(sim: argparse.ArgumentParser) -> None:
+    chosen = sim.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--list", action="store_true", help="list the shipped scenarios")
+    chosen.add_argument("--scenario", help="a shipped scenario's name")
+    chosen.add_argument("--scenario-file", type=Path, help="a scenario YAML file")
+    sim.add_argument(
+        "--policy",
+        type=_policies,
+        default=list(POLICY_NAMES),
+        help=f"P[,P...] from {', '.join(POLICY_NAMES)} (default: all)",
+    )
+    sim.add_argument("--seed", type=int, help="replace the scenario's seed")
+    sim.add_argument("--duration", type=_seconds, help="replace the scenario's duration")
+    sim.add_argument("--json", type=Path, help="write the metrics as JSON")
+    sim.add_argument("--plot", type=Path, help="PNG of a few pods over time (one per policy)")
+    sim.add_argument("--report", type=Path, help="directory for a Markdown report with plots")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw usage, limit and estimate from a recording")
     plot.add_argument("recording", type=Path)
     plot.add_argument("--out", type=Path, required=True, help="PNG file to write")
+
+    _add_sim_parser(sub.add_parser("sim", help="compare policies on a simulated node"))
 
     emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
     emulator.add_argument("--state-dir", type=Path, required=True)
@@ -333,6 +363,48 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from kuscale.sim.located import ScenarioError
+    from kuscale.sim.report import compare, plot_policy, table, write_json, write_report
+    from kuscale.sim.scenario import load_scenario, shipped_names, shipped_path
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    try:
+        if args.list:
+            for name in shipped_names():
+                print(f"{name}  {load_scenario(shipped_path(name)).description}")
+            return 0
+        path = args.scenario_file or shipped_path(args.scenario)
+        scenario = load_scenario(path)
+    except ScenarioError as err:
+        raise CliError(str(err)) from None
+    if args.seed is not None:
+        scenario = replace(scenario, seed=args.seed)
+    if args.duration is not None:
+        if args.duration < scenario.period:
+            raise CliError(f"--duration must be at least one period ({scenario.period:g} s)")
+        scenario = replace(scenario, duration=args.duration)
+    comparison = compare(scenario, args.policy, console)
+    console.print(table(comparison))
+    if args.json:
+        write_json(comparison, args.json)
+        console.print(f"metrics written to {args.json}")
+    if args.plot:
+        for name, trace in comparison.traces.items():
+            path = args.plot
+            if len(comparison.traces) > 1:
+                path = args.plot.with_name(f"{args.plot.stem}-{name}{args.plot.suffix or '.png'}")
+            plot_policy(trace, path)
+            console.print(f"plot written to {path}")
+    if args.report:
+        console.print(f"report written to {write_report(comparison, args.report)}")
+    return 0
+
+
 COMMANDS = {
     "agent": cmd_agent,
     "launch": cmd_launch,
@@ -340,6 +412,7 @@ COMMANDS = {
     "demo": cmd_demo,
     "top": cmd_top,
     "plot": cmd_plot,
+    "sim": cmd_sim,
     "gpu-emulator": cmd_gpu_emulator,
     "workload": cmd_workload,
 }

@@ -212,8 +212,10 @@ class Monitor:
         pod.last_update = now
         pod.status = PodStatus.RUNNING
         pod.reason = ""
+        initial = self._initial_limit(spec)
+        minimums = self.config.policy_config.minimums()
         for resource, state in pod.resources.items():
-            self._write(pod, resource, state, INITIAL_LIMIT)
+            self._write(pod, resource, state, max(initial, float(minimums[resource])))
         event(
             log,
             logging.INFO,
@@ -229,6 +231,13 @@ class Monitor:
             cgroup=spec.cgroup,
             vgpu_id=spec.vgpu_id,
         )
+
+    def _initial_limit(self, spec: PodSpec) -> float:
+        """The original's 10 %, or less where the pod's tokens cannot pay for 10 % of every
+        resource it uses: its first period is charged like any other. The caller keeps it at
+        the configured minimums, which admission has checked the tokens can buy."""
+        cost = float(sum(self._prices[r] for r in spec.resources))
+        return min(INITIAL_LIMIT, spec.tokens / cost)
 
     def _complete(self, pod: PodState, reason: str) -> None:
         event(

@@ -1,4 +1,5 @@
-"""One figure for every recording: demand, usage and limit over time, per pod and resource."""
+"""The figures every command draws: demand, usage and limit over time (the demo, `kuscale
+plot`, `kuscale sim`), and bars comparing policies (`kuscale sim --report`)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,26 @@ def plot_timeline(rows: Iterable[dict[str, Any]], path: Path, title: str) -> Non
     axes[0, 0].legend(loc="upper right", ncol=3, fontsize="small")
     axes[-1, 0].set_xlabel("seconds")
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str) -> None:
+    """One group of bars per policy, one bar per metric (fractions, drawn as percent)."""
+    if not groups:
+        raise ValueError("nothing to plot: no policies")
+    metrics = list(next(iter(groups.values())))
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(metrics)), 3.5))
+    for i, (name, values) in enumerate(groups.items()):
+        positions = [m + i * width for m in range(len(metrics))]
+        ax.bar(positions, [100 * values[m] for m in metrics], width, label=name)
+    ax.set_xticks([m + 0.4 - width / 2 for m in range(len(metrics))], metrics)
+    ax.set_ylabel("%")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", ncol=min(len(groups), 5))
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

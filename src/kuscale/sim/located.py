@@ -142,7 +142,9 @@ class Section:
         items = self.raw(key)
         if not isinstance(items, list) or not items:
             self.fail(key, "must be a non-empty list")
-        return [Section(item, f"{self.field(key)}[{i}]", self.source) for i, item in enumerate(items)]
+        return [
+            Section(item, f"{self.field(key)}[{i}]", self.source) for i, item in enumerate(items)
+        ]
 
     def done(self) -> None:
         """Refuse keys nobody read: a typo must not silently fall back to a default."""

@@ -58,7 +58,9 @@ def evaluate(trace: Trace) -> dict[str, Any]:
             "reaction_seconds_median": _percentile(reactions, 50),
             "reaction_seconds_p95": _percentile(reactions, 95),
             "demand_increases": len(reactions),
-            "limit_changes_per_pod_hour": _ratio(limit_changes(limit, managed, trace.uses), pod_hours),
+            "limit_changes_per_pod_hour": _ratio(
+                limit_changes(limit, managed, trace.uses), pod_hours
+            ),
             "decide_seconds_per_tick": trace.decide_seconds_per_tick,
             "refused_pods": int(trace.refused.sum()),
         }

@@ -62,6 +62,10 @@ class SimNode:
         self.nr_periods = np.zeros(0, dtype=np.int64)
         self.nr_throttled = np.zeros(0, dtype=np.int64)
         self.throttled_ns = np.zeros(0)
+        self._counters: list[CpuCounters] = []
+        self._gpu_busy: list[int] = []
+        self._present: list[bool] = []
+        self._ends: list[float] = []
 
     def add(self, name: str, pod: SimPod) -> None:
         self.add_rows([name], np.array([pod.start]), np.array([pod.end]))
@@ -82,6 +86,23 @@ class SimNode:
         self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
         self.nr_throttled = np.concatenate([self.nr_throttled, np.zeros(rows, dtype=np.int64)])
         self.throttled_ns = np.concatenate([self.throttled_ns, np.zeros(rows)])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Counters as Python objects, built once per step: the backends read them per pod."""
+        self._counters = [
+            CpuCounters(int(busy), periods, throttled, int(late))
+            for busy, periods, throttled, late in zip(
+                self.busy_ns[:, 0].tolist(),
+                self.nr_periods.tolist(),
+                self.nr_throttled.tolist(),
+                self.throttled_ns.tolist(),
+                strict=True,
+            )
+        ]
+        self._gpu_busy = [int(v) for v in self.busy_ns[:, 1].tolist()]
+        self._present = ((self.start <= self.now) & ~self.removed).tolist()
+        self._ends = self.end.tolist()
 
     def live(self) -> np.ndarray:
         return (self.start <= self.now) & (self.now < self.end) & ~self.removed
@@ -114,16 +135,32 @@ class SimNode:
         excess = self.demand[over, 0] - self.limit[over, 0]
         self.throttled_ns[over] += excess / 100.0 * seconds * NS
         self.now += seconds
+        self._refresh()
 
     def row(self, name: str) -> int:
         row = self.index.get(name)
-        if row is None or self.removed[row] or self.now < self.start[row]:
+        if row is None or not self._present[row]:
             raise CgroupGone(f"simulated pod {name!r} is gone")
         return row
 
     def present(self, name: str) -> bool:
         row = self.index.get(name)
-        return row is not None and not self.removed[row] and bool(self.now >= self.start[row])
+        return row is not None and self._present[row]
+
+    def ended(self, name: str) -> bool:
+        return self.now >= self._ends[self.row(name)]
+
+    def counters(self, name: str) -> CpuCounters:
+        return self._counters[self.row(name)]
+
+    def gpu_busy(self, name: str) -> int:
+        return self._gpu_busy[self.row(name)]
+
+    def remove(self, name: str) -> None:
+        row = self.index.get(name)
+        if row is not None:
+            self.removed[row] = True
+            self._present[row] = False
 
 
 def _limit(value: float) -> float | None:
@@ -145,17 +182,10 @@ class SimCpu:
         return self.node.present(cgroup)
 
     def is_empty(self, cgroup: str) -> bool:
-        return bool(self.node.now >= self.node.end[self.node.row(cgroup)])
+        return self.node.ended(cgroup)
 
     def read(self, cgroup: str) -> CpuCounters:
-        node = self.node
-        row = node.row(cgroup)
-        return CpuCounters(
-            int(node.busy_ns[row, 0]),
-            int(node.nr_periods[row]),
-            int(node.nr_throttled[row]),
-            int(node.throttled_ns[row]),
-        )
+        return self.node.counters(cgroup)
 
     def read_limit(self, cgroup: str) -> float | None:
         return _limit(self.node.limit[self.node.row(cgroup), 0])
@@ -170,9 +200,7 @@ class SimCpu:
         self.node.shares[self.node.row(cgroup)] = float(shares)
 
     def remove(self, cgroup: str) -> None:
-        row = self.node.index.get(cgroup)
-        if row is not None:
-            self.node.removed[row] = True
+        self.node.remove(cgroup)
 
 
 class SimGpu:
@@ -190,7 +218,7 @@ class SimGpu:
         return self.node.present(vgpu_id)
 
     def read(self, vgpu_id: str) -> int:
-        return int(self.node.busy_ns[self.node.row(vgpu_id), 1])
+        return self.node.gpu_busy(vgpu_id)
 
     def read_limit(self, vgpu_id: str) -> float | None:
         return _limit(self.node.limit[self.node.row(vgpu_id), 1])

@@ -87,7 +87,7 @@ def simulate(
     node = SimNode(
         scenario.cores,
         scenario.gpus,
-        demand=lambda now: demand[min(int(round(now / period)), ticks - 1)],
+        demand=lambda now: demand[min(round(now / period), ticks - 1)],
     )
     pods = scenario.pods
     node.add_rows(
@@ -107,7 +107,7 @@ def simulate(
         refused=np.zeros(len(pods), dtype=bool),
         demand=demand.astype(np.float32),
         usage=np.zeros(demand.shape, dtype=np.float32),
-        limit=np.zeros(demand.shape, dtype=np.float32),
+        limit=np.zeros(demand.shape),
         decide_seconds_per_tick=0.0,
     )
     arrivals = sorted(range(len(pods)), key=lambda i: (pods[i].start, i))

@@ -47,7 +47,7 @@ class Scenario:
 
     @property
     def ticks(self) -> int:
-        return int(round(self.duration / self.period))
+        return round(self.duration / self.period)
 
     def times(self) -> FloatArray:
         return np.arange(self.ticks, dtype=np.float64) * self.period
@@ -70,15 +70,15 @@ class Scenario:
 
 def shipped_names() -> list[str]:
     folder = resources.files(__package__).joinpath(SHIPPED)
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def shipped_path(name: str) -> Path:
     path = Path(str(resources.files(__package__).joinpath(SHIPPED, f"{name}.yaml")))
     if name not in shipped_names():
-        raise ScenarioError(
-            f"no shipped scenario named {name!r}; `kuscale sim --list` shows them"
-        )
+        raise ScenarioError(f"no shipped scenario named {name!r}; `kuscale sim --list` shows them")
     return path
 
 
@@ -114,9 +114,7 @@ def _scenario(top: Section, directory: Path, default_name: str) -> Scenario:
     if duplicate:
         top.fail("pods", f"two pods are named {duplicate!r}")
     top.done()
-    return Scenario(
-        name, description, cores, gpus, period, duration, seed, tuple(pods), config
-    )
+    return Scenario(name, description, cores, gpus, period, duration, seed, tuple(pods), config)
 
 
 def _config(top: Section, period: float) -> AgentConfig:

@@ -1,0 +1,194 @@
+"""`kuscale sim`: every chosen policy on the same demand, a table, JSON, plots and a report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress, TaskID
+from rich.table import Table
+
+from kuscale.model import RESOURCES
+from kuscale.plotting import plot_bars, plot_timeline
+from kuscale.sim.metrics import evaluate
+from kuscale.sim.run import Trace, simulate
+from kuscale.sim.scenario import Scenario
+
+LONG_RUN_POD_TICKS = 200_000
+"""Runs with more pod-periods than this show a progress bar."""
+PLOTTED_PODS = 3
+
+
+@dataclass(slots=True)
+class Comparison:
+    scenario: Scenario
+    metrics: dict[str, dict[str, Any]]
+    traces: dict[str, Trace]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name,
+            "seed": self.scenario.seed,
+            "pods": len(self.scenario.pods),
+            "duration_seconds": self.scenario.duration,
+            "period_seconds": self.scenario.period,
+            "policies": self.metrics,
+        }
+
+
+def compare(scenario: Scenario, policies: list[str], console: Console) -> Comparison:
+    """Run each policy on one draw of demand, so differences are the policies' alone."""
+    demand = scenario.demand()
+    metrics: dict[str, dict[str, Any]] = {}
+    traces: dict[str, Trace] = {}
+    long_run = scenario.ticks * len(scenario.pods) > LONG_RUN_POD_TICKS
+    with Progress(console=console, transient=True, disable=not long_run) as progress:
+        for name in policies:
+            task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
+
+            def advance(done: int, task: TaskID = task) -> None:
+                progress.update(task, completed=done)
+
+            trace = simulate(scenario, name, demand, advance)
+            traces[name] = trace
+            metrics[name] = evaluate(trace)
+    return Comparison(scenario, metrics, traces)
+
+
+def _fraction(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:g} s"
+
+
+Cell = Callable[[dict[str, Any]], str]
+
+COLUMNS: tuple[tuple[str, Cell], ...] = (
+    ("CPU unmet", lambda m: _fraction(m.get("cpu", {}).get("unmet_demand_fraction"))),
+    ("CPU slack", lambda m: _fraction(m.get("cpu", {}).get("slack_fraction"))),
+    ("GPU unmet", lambda m: _fraction(m.get("gpu", {}).get("unmet_demand_fraction"))),
+    ("GPU slack", lambda m: _fraction(m.get("gpu", {}).get("slack_fraction"))),
+    ("overspend", lambda m: _fraction(m["budget_overspend_fraction"])),
+    ("react p50", lambda m: _seconds(m["reaction_seconds_median"])),
+    ("react p95", lambda m: _seconds(m["reaction_seconds_p95"])),
+    ("changes/pod·h", lambda m: f"{m['limit_changes_per_pod_hour']:.0f}"),
+    ("decide", lambda m: f"{1e3 * m['decide_seconds_per_tick']:.2f} ms"),
+)
+
+
+def table(comparison: Comparison) -> Table:
+    scenario = comparison.scenario
+    result = Table(
+        title=f"{scenario.name}: {len(scenario.pods)} pods, {scenario.duration:g} s, "
+        f"seed {scenario.seed}"
+    )
+    result.add_column("policy")
+    for heading, _ in COLUMNS:
+        result.add_column(heading, justify="right")
+    for name, metrics in comparison.metrics.items():
+        result.add_row(name, *(cell(metrics) for _, cell in COLUMNS))
+    return result
+
+
+def markdown_table(comparison: Comparison) -> str:
+    lines = [
+        "| policy | " + " | ".join(h for h, _ in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    for name, metrics in comparison.metrics.items():
+        lines.append(f"| {name} | " + " | ".join(cell(metrics) for _, cell in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def plotted_pods(trace: Trace) -> list[int]:
+    """The pods whose demand varies most: the ones where policies differ."""
+    spread = trace.demand.astype(np.float64).std(axis=0).sum(axis=1)
+    return sorted(np.argsort(-spread, kind="stable")[:PLOTTED_PODS].tolist())
+
+
+def timeline_rows(trace: Trace, pods: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    times = trace.scenario.times()
+    for pod in pods:
+        for resource in RESOURCES:
+            if not trace.uses[pod, resource]:
+                continue
+            for tick in np.flatnonzero(trace.alive[:, pod]).tolist():
+                limit = float(trace.limit[tick, pod, resource])
+                rows.append(
+                    {
+                        "t": float(times[tick]),
+                        "pod": trace.names[pod],
+                        "resource": resource.label,
+                        "demand": float(trace.demand[tick, pod, resource]),
+                        "usage": float(trace.usage[tick, pod, resource]),
+                        "limit": None if np.isnan(limit) else limit,
+                    }
+                )
+    return rows
+
+
+def plot_policy(trace: Trace, path: Path) -> None:
+    plot_timeline(
+        timeline_rows(trace, plotted_pods(trace)),
+        path,
+        f"kuscale sim · {trace.scenario.name} · {trace.policy}",
+    )
+
+
+def write_json(comparison: Comparison, path: Path) -> None:
+    path.write_text(json.dumps(comparison.as_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def write_report(comparison: Comparison, directory: Path) -> Path:
+    """A Markdown report with the table, a bar chart of the metrics and a timeline per
+    policy, all in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    scenario = comparison.scenario
+    bars = directory / "metrics.png"
+    plot_bars(
+        {
+            name: {
+                f"{r.label} unmet": m.get(r.label, {}).get("unmet_demand_fraction", 0.0)
+                for r in RESOURCES
+            }
+            | {f"{r.label} slack": m.get(r.label, {}).get("slack_fraction", 0.0) for r in RESOURCES}
+            | {"overspend": m["budget_overspend_fraction"]}
+            for name, m in comparison.metrics.items()
+        },
+        bars,
+        f"{scenario.name}: fractions per policy (lower is better)",
+    )
+    sections = [
+        f"# kuscale sim: {scenario.name}",
+        "",
+        scenario.description,
+        "",
+        f"{len(scenario.pods)} pods on {scenario.cores} cores and {scenario.gpus} GPUs, "
+        f"{scenario.duration:g} s in periods of {scenario.period:g} s, seed {scenario.seed}. "
+        "Every policy saw the same demand.",
+        "",
+        markdown_table(comparison),
+        "",
+        "Unmet: share of demand not served. Slack: share of the limits left unused. "
+        "Overspend: tokens spent beyond reservations and saved burst credit, as a share of "
+        "the reservations. Reaction: seconds from a demand increase until the limit covers "
+        "95 % of it (an increase never covered counts its whole spell).",
+        "",
+        f"![metrics]({bars.name})",
+        "",
+    ]
+    for name, trace in comparison.traces.items():
+        figure = directory / f"timeline-{name}.png"
+        plot_policy(trace, figure)
+        sections += [f"## {name}", "", f"![{name}]({figure.name})", ""]
+    report = directory / "report.md"
+    report.write_text("\n".join(sections), encoding="utf-8")
+    return report
