@@ -101,7 +101,11 @@ class KuscalePolicy:
         capacity: FloatArray,
     ) -> FloatArray:
         """Water-fill each resource the pods want more of than the node has: first what
-        each pod is estimated to need, then the headroom above it, both by tokens."""
+        each pod is estimated to need, then the headroom above it, both by tokens.
+
+        When the needs alone fill the node, they are not trusted: on a saturated node the
+        kernel caps usage below the limits, so every estimate reads low and whoever holds
+        more would keep it. Then tokens alone decide, over what the pods desire."""
         limits = desired.copy()
         for r in RESOURCES:
             column = uses[:, r]
@@ -111,6 +115,8 @@ class KuscalePolicy:
             wanted = desired[column, r]
             floors = np.full(wanted.shape, self.minimums[r])
             need = np.minimum(np.maximum(demand[column, r], floors), wanted)
+            if need.sum() >= share:
+                need = wanted
             first = water_fill(share, tokens[column], need, floors=floors)
             rest = max(share - float(first.sum()), 0.0)
             limits[column, r] = first + water_fill(rest, tokens[column], wanted - first)

@@ -88,6 +88,8 @@ class Section:
         self.source.fail(self.field(key) if key else self.path, message)
 
     def has(self, key: str) -> bool:
+        """Whether an optional key is given; asking counts as knowing it."""
+        self._read.add(key)
         return key in self.data
 
     def raw(self, key: str, default: Any = MISSING) -> Any:
