@@ -27,7 +27,9 @@ def arr(*rows: list[float]) -> FloatArray:
 
 
 class TestDemand:
-    def estimate(self, usage: float, limit: float, starved: bool, previous: float) -> float:
+    def estimate(
+        self, usage: float, limit: float, starved: bool, previous: float, spread: float = 0.0
+    ) -> float:
         result = estimate_demand(
             arr([usage]),
             arr([limit]),
@@ -36,6 +38,9 @@ class TestDemand:
             arr([200.0]),
             growth=2.0,
             damping=0.7,
+            spread=arr([spread]),
+            margin=2.0,
+            pin_tolerance=0.05,
         )
         return float(result[0, 0])
 
@@ -44,7 +49,10 @@ class TestDemand:
         assert self.estimate(20.0, 20.0, True, 20.0) == 40.0
 
     def test_growth_continues_from_the_estimate_while_starvation_lasts(self) -> None:
-        assert self.estimate(40.0, 40.0, True, 80.0) == 160.0
+        assert self.estimate(78.0, 78.0, True, 80.0) == 160.0
+
+    def test_a_limit_cut_below_the_estimate_holds_it(self) -> None:
+        assert self.estimate(60.0, 60.0, True, 120.0) == 120.0
 
     def test_growth_stops_at_the_ceiling(self) -> None:
         assert self.estimate(100.0, 150.0, True, 150.0) == 200.0
@@ -55,8 +63,15 @@ class TestDemand:
     def test_one_quiet_sample_does_not_cut_a_pod(self) -> None:
         assert self.estimate(0.0, 110.0, False, 100.0) == pytest.approx(70.0)
 
+    def test_a_noisy_pod_keeps_a_margin_of_its_spread(self) -> None:
+        assert self.estimate(40.0, 42.0, False, 41.0, spread=5.0) == 50.0
+        assert self.estimate(40.0, 100.0, False, 100.0, spread=5.0) == pytest.approx(82.0)
+
+    def test_a_steady_pod_stays_out_of_the_pinned_band(self) -> None:
+        assert self.estimate(100.0, 101.0, False, 101.0) == pytest.approx(110.0)
+
     def test_rising_usage_is_taken_at_once(self) -> None:
-        assert self.estimate(90.0, 120.0, False, 30.0) == 90.0
+        assert self.estimate(90.0, 120.0, False, 30.0) == pytest.approx(99.0)
 
 
 def pod_stage(

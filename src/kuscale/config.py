@@ -82,6 +82,9 @@ class PolicyConfig:
     """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only)."""
     damping: float = 0.7
     """Share of the excess of the demand estimate over usage kept per quiet tick."""
+    noise_margin: float = 2.0
+    """Spreads (EWMA of |usage − last usage|) a quiet pod's estimate stays above usage,
+    so a noisy pod is not pinned by its own noise (`kuscale` only)."""
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
 
     def resource(self, resource: Resource) -> ResourceConfig:
@@ -114,6 +117,7 @@ class PolicyConfig:
         if self.growth <= 1.0:
             raise ConfigError(f"policy.growth must be above 1, got {self.growth}")
         _require_finite("policy.damping", self.damping, non_negative=True)
+        _require_finite("policy.noise_margin", self.noise_margin, non_negative=True)
         if self.damping >= 1.0:
             raise ConfigError(f"policy.damping must be below 1, got {self.damping}")
         if not 0.0 <= self.pin_tolerance < 1.0:

@@ -129,6 +129,8 @@ class ResourceState:
     avg_usage: float = 0.0
     weight: float = 0.0
     demand: float = 0.0
+    spread: float = 0.0
+    """EWMA of |usage − last usage|: how much the pod's usage wanders tick to tick."""
     starved: bool = False
     history: deque[float] = field(default_factory=lambda: deque(maxlen=DEFAULT_WINDOW))
     restore_limit: float | None = None

@@ -75,7 +75,8 @@ class _Measured:
     throttled: list[float]
     uses: list[bool]
     prior: list[list[float]]
-    """Per resource: the limit held, the EWMA average so far, the last demand estimate."""
+    """Rows, per resource: the limit held, the EWMA average so far, the last demand
+    estimate, the EWMA spread so far, the last usage."""
 
 
 @dataclass(slots=True)
@@ -361,16 +362,23 @@ class Monitor:
         periods = counters.nr_periods - previous_cpu.nr_periods
         throttled_periods = counters.nr_throttled - previous_cpu.nr_throttled
         starved = [throttled_periods > 0, False]
+        # Where CFS counted periods its throttle count is the evidence; usage near the
+        # limit stands in only where nothing counts (a GPU): a budget that squeezed a
+        # limit just above usage is not a pod asking for more.
+        pinned_counts = [periods <= 0, True]
         throttled = [min(max(throttled_periods / periods, 0.0), 1.0) if periods > 0 else 0.0, 0.0]
         threshold = self._pinned_at
         uses = [False, False]
-        prior = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+        prior = [[0.0, 0.0] for _ in range(5)]
         for index, state in pod.resources.items():
             uses[index] = True
             prior[0][index] = state.limit
             prior[1][index] = state.avg_usage
             prior[2][index] = state.demand
-            starved[index] = starved[index] or usage[index] >= threshold * state.limit
+            prior[3][index] = state.spread
+            prior[4][index] = state.usage
+            pinned = pinned_counts[index] and usage[index] >= threshold * state.limit
+            starved[index] = starved[index] or pinned
         if starved[1]:
             throttled[1] = 1.0
         return _Measured(pod, elapsed, usage, starved, throttled, uses, prior)
@@ -381,6 +389,8 @@ class Monitor:
         usage = np.array([m.usage for m in measured], dtype=np.float64)
         weight = self.config.policy_config.ewma_weight
         avg = np.where(uses, prior[:, 1] + weight * (usage - prior[:, 1]), 0.0)
+        deviation = np.abs(usage - prior[:, 4])
+        spread = np.where(uses, prior[:, 3] + weight * (deviation - prior[:, 3]), 0.0)
         obs = Observation(
             period=self.config.period,
             elapsed=np.array([m.elapsed for m in measured], dtype=np.float64),
@@ -395,6 +405,7 @@ class Monitor:
             capacity=self.capacity,
             keys=tuple(m.pod.key for m in measured),
             throttled=np.array([m.throttled for m in measured], dtype=np.float64),
+            spread=spread,
         )
         decision = self.policy.decide(obs)
         rows = zip(
@@ -405,16 +416,18 @@ class Monitor:
             decision.demand.tolist(),
             usage.tolist(),
             avg.tolist(),
+            spread.tolist(),
             obs.starved.tolist(),
             strict=True,
         )
-        for m, token_queue, limits, weights, demand, used, average, starved in rows:
+        for m, token_queue, limits, weights, demand, used, average, wander, starved in rows:
             pod = m.pod
             pod.token_queue = token_queue
             pod.updated_count += 1
             for resource, state in pod.resources.items():
                 state.usage = used[resource]
                 state.avg_usage = average[resource]
+                state.spread = wander[resource]
                 state.history.append(state.usage)
                 state.starved = starved[resource]
                 state.weight = weights[resource]

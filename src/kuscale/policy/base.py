@@ -41,6 +41,8 @@ class Observation:
     """Node capacity per resource, percent (0 where the node has none)."""
     keys: tuple[str, ...] = ()
     """Each row's pod, for rules that remember pods across ticks (VPA's histograms)."""
+    spread: FloatArray | None = field(default=None)
+    """EWMA of |usage − last usage| per pod and resource; None where not measured."""
     throttled: FloatArray | None = field(default=None)
     """Share of the pod's CFS periods in Δt that were throttled, per resource (the GPU's is
     1 where it was pinned at its limit); None where not measured."""

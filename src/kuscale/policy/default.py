@@ -67,8 +67,18 @@ class KuscalePolicy:
             obs.queue, obs.tokens, obs.limits, prices, obs.elapsed, obs.tokens * cfg.burst_seconds
         )
         upper = np.broadcast_to(self.upper_bounds(obs.capacity), obs.usage.shape)
+        spread = np.zeros_like(obs.usage) if obs.spread is None else obs.spread
         demand = estimate_demand(
-            obs.usage, obs.limits, obs.starved, obs.demand, upper, cfg.growth, cfg.damping
+            obs.usage,
+            obs.limits,
+            obs.starved,
+            obs.demand,
+            upper,
+            cfg.growth,
+            cfg.damping,
+            spread,
+            cfg.noise_margin,
+            cfg.pin_tolerance,
         )
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = obs.tokens + cfg.burst_factor * queue / obs.period

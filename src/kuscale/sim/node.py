@@ -130,7 +130,7 @@ class SimNode:
         self.busy_ns += granted / 100.0 * seconds * NS
         periods = max(1, round(seconds / CFS_PERIOD))
         self.nr_periods[live] += periods
-        over = live & (self.demand[:, 0] > self.limit[:, 0])
+        over = live & (self.demand[:, 0] > self.limit[:, 0]) & (granted[:, 0] >= self.limit[:, 0])
         self.nr_throttled[over] += periods
         excess = self.demand[over, 0] - self.limit[over, 0]
         self.throttled_ns[over] += excess / 100.0 * seconds * NS
