@@ -8,8 +8,8 @@ where the budget or the node cut the limit below the estimate, starvation was ex
 says nothing new, so the estimate holds; growing it anyway would let one resource's runaway
 estimate take the budget its other resource needs. The tick starvation ends, the pod has
 shown it needs no more than the limit it held, so the estimate falls back to at most that
-limit at once, then towards usage. Decreases are damped: each quiet tick removes only part of the excess, so one
-idle sample does not cut a pod that is about to need its limit again.
+limit at once, then towards usage. Decreases are damped: each quiet tick removes only part
+of the excess, so one idle sample does not cut a pod that is about to need its limit again.
 
 A quiet estimate never sinks into the band where usage counts as pinned (twice the pin
 tolerance above usage), nor below usage plus a margin of the pod's spread. Otherwise a
