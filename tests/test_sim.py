@@ -151,6 +151,11 @@ def test_kuscale_meets_more_demand_than_static_within_budget_on_a_burst() -> Non
     assert results["static"]["budget_overspend_fraction"] < 1e-6
 
 
+def test_a_budget_bound_pod_is_never_left_holding_more_than_it_can_pay_for() -> None:
+    metrics = evaluate(simulate(load_scenario(shipped_path("diurnal-web")), "kuscale"))
+    assert metrics["budget_overspend_fraction"] == 0.0
+
+
 def test_baselines_that_ignore_tokens_are_charged_for_them() -> None:
     run = shortened("full-node", 300)
     metrics = evaluate(simulate(run, "autothrottle"))

@@ -43,7 +43,9 @@ SHARES_PER_100_TOKENS = 1024
 """cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
 
 WRITE_RESOLUTION = 0.01
-"""Limits closer than this (percent) to what is already written are not written again."""
+"""A rise smaller than this (percent) over what is already written is not written. Every
+fall is: the pod is charged for the limit it holds, so keeping a slightly larger one than
+the policy chose would spend beyond its budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +476,7 @@ class Monitor:
         if self.config.monitor_only:
             state.limit = limit
             return
-        if state.changed and abs(limit - state.limit) < WRITE_RESOLUTION:
+        if state.changed and 0.0 <= limit - state.limit < WRITE_RESOLUTION:
             return
         try:
             self._actuate(pod, resource, limit)
