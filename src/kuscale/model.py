@@ -154,10 +154,11 @@ class PodState:
     restore_shares: int | None = None
     """cpu.shares before kuscale set them from tokens (None: not changed)."""
     reason: str = ""
+    key: str = field(init=False)
+    """`namespace/name`, kept rather than formatted: every tick reads it for every pod."""
 
-    @property
-    def key(self) -> str:
-        return self.spec.key
+    def __post_init__(self) -> None:
+        self.key = self.spec.key
 
     def uses(self, resource: Resource) -> bool:
         return resource in self.resources

@@ -14,6 +14,7 @@ import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,17 +69,29 @@ Event = PodAdded | PodRemoved | Stop
 
 @dataclass(slots=True)
 class _Measured:
-    """One pod's usage over its last interval, with what it held, ready for the policy."""
+    """One pod's usage over its last interval, with what it held, ready for the policy.
+
+    `row` is flat, laid out by `_COLUMN`, so that a tick turns all pods into one array with
+    one conversion: at a thousand pods, nested lists per field cost more than the policy.
+    """
 
     pod: PodState
-    elapsed: float
-    usage: list[float]
-    starved: list[bool]
-    throttled: list[float]
-    uses: list[bool]
-    prior: list[list[float]]
-    """Rows, per resource: the limit held, the EWMA average so far, the last demand
-    estimate, the EWMA spread so far, the last usage."""
+    row: list[float]
+
+
+_SCALARS = ("elapsed", "tokens", "queue")
+_PAIRS = ("usage", "starved", "throttled", "uses", "limit", "average", "demand", "spread", "last")
+"""Per resource: this interval's usage, starvation, throttle ratio, whether the pod uses it;
+the limit it held, the EWMA average, the demand estimate, the EWMA spread and the usage,
+all as of the previous tick."""
+_WIDTH = len(_SCALARS) + 2 * len(_PAIRS)
+_COLUMN: dict[str, int | slice] = {
+    **{name: i for i, name in enumerate(_SCALARS)},
+    **{
+        name: slice(len(_SCALARS) + 2 * i, len(_SCALARS) + 2 * i + 2)
+        for i, name in enumerate(_PAIRS)
+    },
+}
 
 
 @dataclass(slots=True)
@@ -370,71 +383,74 @@ class Monitor:
         pinned_counts = [periods <= 0, True]
         throttled = [min(max(throttled_periods / periods, 0.0), 1.0) if periods > 0 else 0.0, 0.0]
         threshold = self._pinned_at
-        uses = [False, False]
-        prior = [[0.0, 0.0] for _ in range(5)]
+        uses = [0.0, 0.0]
+        held = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         for index, state in pod.resources.items():
-            uses[index] = True
-            prior[0][index] = state.limit
-            prior[1][index] = state.avg_usage
-            prior[2][index] = state.demand
-            prior[3][index] = state.spread
-            prior[4][index] = state.usage
+            uses[index] = 1.0
+            held[index] = state.limit
+            held[2 + index] = state.avg_usage
+            held[4 + index] = state.demand
+            held[6 + index] = state.spread
+            held[8 + index] = state.usage
             pinned = pinned_counts[index] and usage[index] >= threshold * state.limit
             starved[index] = starved[index] or pinned
         if starved[1]:
             throttled[1] = 1.0
-        return _Measured(pod, elapsed, usage, starved, throttled, uses, prior)
+        row = [elapsed, float(spec.tokens), pod.token_queue, *usage]
+        row += [float(starved[0]), float(starved[1]), *throttled, *uses, *held]
+        return _Measured(pod, row)
 
     def _decide(self, measured: list[_Measured]) -> None:
-        uses = np.array([m.uses for m in measured])
-        prior = np.array([m.prior for m in measured], dtype=np.float64)
-        usage = np.array([m.usage for m in measured], dtype=np.float64)
+        rows = chain.from_iterable(m.row for m in measured)
+        table = np.fromiter(rows, np.float64, len(measured) * _WIDTH).reshape(len(measured), -1)
+
+        def column(name: str) -> FloatArray:
+            return table[:, _COLUMN[name]]
+
+        uses = column("uses") > 0.0
+        usage, previous_avg, previous_spread = column("usage"), column("average"), column("spread")
         weight = self.config.policy_config.ewma_weight
-        avg = np.where(uses, prior[:, 1] + weight * (usage - prior[:, 1]), 0.0)
-        deviation = np.abs(usage - prior[:, 4])
-        spread = np.where(uses, prior[:, 3] + weight * (deviation - prior[:, 3]), 0.0)
+        avg = np.where(uses, previous_avg + weight * (usage - previous_avg), 0.0)
+        deviation = np.abs(usage - column("last"))
+        spread = np.where(uses, previous_spread + weight * (deviation - previous_spread), 0.0)
         obs = Observation(
             period=self.config.period,
-            elapsed=np.array([m.elapsed for m in measured], dtype=np.float64),
-            tokens=np.array([m.pod.spec.tokens for m in measured], dtype=np.float64),
-            queue=np.array([m.pod.token_queue for m in measured], dtype=np.float64),
+            elapsed=column("elapsed"),
+            tokens=column("tokens"),
+            queue=column("queue"),
             usage=usage,
             avg_usage=avg,
-            limits=prior[:, 0],
-            starved=np.array([m.starved for m in measured]) & uses,
-            demand=prior[:, 2],
+            limits=column("limit"),
+            starved=(column("starved") > 0.0) & uses,
+            demand=column("demand"),
             uses=uses,
             capacity=self.capacity,
             keys=tuple(m.pod.key for m in measured),
-            throttled=np.array([m.throttled for m in measured], dtype=np.float64),
+            throttled=column("throttled"),
             spread=spread,
         )
         decision = self.policy.decide(obs)
-        rows = zip(
-            measured,
-            decision.queue.tolist(),
-            decision.limits.tolist(),
-            decision.weights.tolist(),
-            decision.demand.tolist(),
-            usage.tolist(),
-            avg.tolist(),
-            spread.tolist(),
-            obs.starved.tolist(),
-            strict=True,
+        pairs = (
+            decision.limits,
+            decision.demand,
+            usage,
+            avg,
+            spread,
+            obs.starved,
+            decision.weights,
         )
-        for m, token_queue, limits, weights, demand, used, average, wander, starved in rows:
+        updates = np.concatenate([decision.queue[:, None], *pairs], axis=1)
+        for m, update in zip(measured, updates.tolist(), strict=True):
             pod = m.pod
-            pod.token_queue = token_queue
+            pod.token_queue = update[0]
             pod.updated_count += 1
             for resource, state in pod.resources.items():
-                state.usage = used[resource]
-                state.avg_usage = average[resource]
-                state.spread = wander[resource]
+                limit, state.demand, state.usage, state.avg_usage, state.spread, starved, weight = (
+                    update[1 + resource :: 2]
+                )
+                state.starved, state.weight = starved > 0.0, weight
                 state.history.append(state.usage)
-                state.starved = starved[resource]
-                state.weight = weights[resource]
-                state.demand = demand[resource]
-                self._write(pod, resource, state, limits[resource])
+                self._write(pod, resource, state, limit)
 
     def _write(self, pod: PodState, resource: Resource, state: ResourceState, limit: float) -> None:
         """Actuate one limit; on failure the pod keeps (and is charged for) the old one."""
