@@ -14,8 +14,8 @@ import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
