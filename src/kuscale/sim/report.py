@@ -147,6 +147,10 @@ def write_json(comparison: Comparison, path: Path) -> None:
     path.write_text(json.dumps(comparison.as_json(), indent=2) + "\n", encoding="utf-8")
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def write_report(comparison: Comparison, directory: Path) -> Path:
     """A Markdown report with the table, a bar chart of the metrics and a timeline per
     policy, all in `directory`."""
@@ -171,7 +175,7 @@ def write_report(comparison: Comparison, directory: Path) -> Path:
         "",
         scenario.description,
         "",
-        f"{len(scenario.pods)} pods on {scenario.cores} cores and {scenario.gpus} GPUs, "
+        f"{len(scenario.pods)} pods on {scenario.cores} cores and {plural(scenario.gpus, 'GPU')}, "
         f"{scenario.duration:g} s in periods of {scenario.period:g} s, seed {scenario.seed}. "
         "Every policy saw the same demand.",
         "",
