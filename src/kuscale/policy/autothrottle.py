@@ -15,26 +15,18 @@ import math
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.policy.base import Decision, FloatArray, Observation
 from kuscale.policy.memory import PodRows
-from kuscale.policy.static import bounded, charged_queue
+from kuscale.policy.static import TokenBlind
 
 
-class AutothrottlePolicy:
+class AutothrottlePolicy(TokenBlind):
     name = "autothrottle"
 
     def __init__(self, config: PolicyConfig) -> None:
-        self.config = config
-        self.settings = config.baselines
-        self.prices = config.prices()
-        self.minimums = config.minimums()
+        super().__init__(config)
         self.recent: PodRows | None = None
         self.slot = 0
-
-    def admit(
-        self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
-    ) -> str | None:
-        return None
 
     def decide(self, obs: Observation) -> Decision:
         recent_max = self._remember(obs)
@@ -44,12 +36,7 @@ class AutothrottlePolicy:
             obs.limits * (1.0 + excess),
             recent_max * (1.0 + self.settings.autothrottle_margin),
         )
-        return Decision(
-            limits=bounded(limits, self.minimums, obs),
-            weights=np.zeros_like(obs.limits),
-            queue=charged_queue(obs, self.prices, self.config.burst_seconds),
-            demand=np.where(obs.uses, recent_max, 0.0),
-        )
+        return self.decision(limits, recent_max, obs)
 
     def _remember(self, obs: Observation) -> FloatArray:
         """Record this tick's usage in a ring of one window; return each pod's maximum."""

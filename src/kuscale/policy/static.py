@@ -10,45 +10,48 @@ from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
 from kuscale.tokens import advance_queue
 
 
-def bounded(limits: FloatArray, minimums: FloatArray, obs: Observation) -> FloatArray:
-    """Keep limits within [minimum, node capacity], and 0 for resources a pod does not use."""
-    return np.where(obs.uses, np.clip(limits, minimums, np.maximum(obs.capacity, minimums)), 0.0)
+class TokenBlind:
+    """What the baselines share: they know nothing of tokens, so they admit every pod, keep
+    limits within [minimum, node capacity], and keep a token queue only to charge them for
+    what they hold, so the report can show their overspend."""
 
-
-def charged_queue(obs: Observation, prices: FloatArray, burst_seconds: float) -> FloatArray:
-    """The token queue of a rule that knows nothing of tokens: kept only to be reported."""
-    return advance_queue(
-        obs.queue,
-        obs.tokens,
-        obs.limits,
-        np.where(obs.uses, prices, 0.0),
-        obs.elapsed,
-        obs.tokens * burst_seconds,
-    )
-
-
-class StaticPolicy:
-    name = "static"
-
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, minimums: FloatArray | None = None) -> None:
         self.config = config
+        self.settings = config.baselines
         self.prices = config.prices()
-        self.minimums = config.minimums()
-        self.cpu_share = config.baselines.static_cpu_share
+        self.minimums = config.minimums() if minimums is None else minimums
 
     def admit(
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
         return None
 
+    def decision(self, limits: FloatArray, demand: FloatArray, obs: Observation) -> Decision:
+        ceiling = np.maximum(obs.capacity, self.minimums)
+        queue = advance_queue(
+            obs.queue,
+            obs.tokens,
+            obs.limits,
+            np.where(obs.uses, self.prices, 0.0),
+            obs.elapsed,
+            obs.tokens * self.config.burst_seconds,
+        )
+        return Decision(
+            limits=np.where(obs.uses, np.clip(limits, self.minimums, ceiling), 0.0),
+            weights=np.zeros_like(obs.limits),
+            queue=queue,
+            demand=np.where(obs.uses, demand, 0.0),
+        )
+
+
+class StaticPolicy(TokenBlind):
+    name = "static"
+
     def decide(self, obs: Observation) -> Decision:
         both = obs.uses.all(axis=1)
-        cpu_share = np.where(both, self.cpu_share, 1.0)
-        shares = np.stack([cpu_share, np.where(both, 1.0 - self.cpu_share, 1.0)], axis=1)
-        limits = bounded(obs.tokens[:, None] * shares / self.prices, self.minimums, obs)
-        return Decision(
-            limits=limits,
-            weights=np.zeros_like(limits),
-            queue=charged_queue(obs, self.prices, self.config.burst_seconds),
-            demand=np.where(obs.uses, limits, 0.0),
+        cpu_share = np.where(both, self.settings.static_cpu_share, 1.0)
+        shares = np.stack(
+            [cpu_share, np.where(both, 1.0 - self.settings.static_cpu_share, 1.0)], axis=1
         )
+        limits = obs.tokens[:, None] * shares / self.prices
+        return self.decision(limits, limits, obs)

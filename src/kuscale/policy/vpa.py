@@ -15,9 +15,9 @@ import math
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.policy.base import Decision, FloatArray, Observation
 from kuscale.policy.memory import PodRows
-from kuscale.policy.static import bounded, charged_queue
+from kuscale.policy.static import TokenBlind
 
 FIRST_BUCKET = 1.0
 """Percent of a core: 0.01 cores."""
@@ -35,14 +35,11 @@ def bucket_starts() -> FloatArray:
     return np.asarray(FIRST_BUCKET * (powers - 1) / (BUCKET_RATIO - 1), dtype=np.float64)
 
 
-class VpaPolicy:
+class VpaPolicy(TokenBlind):
     name = "vpa"
 
     def __init__(self, config: PolicyConfig) -> None:
-        self.config = config
-        self.settings = config.baselines
-        self.prices = config.prices()
-        self.minimums = np.maximum(config.minimums(), MIN_TARGET)
+        super().__init__(config, np.maximum(config.minimums(), MIN_TARGET))
         self.edges = bucket_starts()
         buckets = self.edges.size - 1
         self.histograms = PodRows((2, buckets))
@@ -50,11 +47,6 @@ class VpaPolicy:
         self.clock = 0.0
         self.next_recompute = 0.0
         self.scale = 1.0
-
-    def admit(
-        self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
-    ) -> str | None:
-        return None
 
     def decide(self, obs: Observation) -> Decision:
         keys = obs.pod_keys()
@@ -66,12 +58,7 @@ class VpaPolicy:
             self.next_recompute = self.clock + self.settings.vpa_interval
         self.clock += obs.period
         limits = np.where(targets > 0, targets, obs.limits)
-        return Decision(
-            limits=bounded(limits, self.minimums, obs),
-            weights=np.zeros_like(obs.limits),
-            queue=charged_queue(obs, self.prices, self.config.burst_seconds),
-            demand=np.where(obs.uses, targets, 0.0),
-        )
+        return self.decision(limits, targets, obs)
 
     def _add_samples(self, keys: tuple[str, ...], obs: Observation) -> None:
         weight = 2.0 ** (self.clock / self.settings.vpa_half_life) / self.scale
