@@ -149,6 +149,7 @@ def test_kuscale_meets_more_demand_than_static_within_budget_on_a_burst() -> Non
     assert unmet["kuscale"] < unmet["vpa"]
     assert results["kuscale"]["budget_overspend_fraction"] < 1e-6
     assert results["static"]["budget_overspend_fraction"] < 1e-6
+    assert results["kuscale"]["gpu"] == {"unmet_demand_fraction": None, "slack_fraction": None}
 
 
 def test_a_budget_bound_pod_is_never_left_holding_more_than_it_can_pay_for() -> None:
@@ -213,6 +214,15 @@ def test_sim_cli_lists_compares_and_reports(
     assert "| kuscale |" in report and "| static |" in report
     assert (tmp_path / "report" / "metrics.png").stat().st_size > 0
     assert (tmp_path / "plot-kuscale.png").stat().st_size > 0
+
+
+def test_a_report_on_a_node_without_gpus_leaves_the_gpu_out(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    args = ["sim", "--scenario", "idle-then-burst", "--duration", "30", "--json", str(out)]
+    assert main([*args, "--report", str(tmp_path / "report")]) == 0
+    assert json.loads(out.read_text())["policies"]["vpa"]["gpu"]["unmet_demand_fraction"] is None
+    assert "| vpa |" in (tmp_path / "report" / "report.md").read_text()
+    assert (tmp_path / "report" / "metrics.png").stat().st_size > 0
 
 
 def test_sim_cli_refuses_bad_input_without_a_traceback(

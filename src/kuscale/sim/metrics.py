@@ -41,6 +41,7 @@ def evaluate(trace: Trace) -> dict[str, Any]:
     for resource in RESOURCES:
         uses = trace.uses[:, resource]
         if not uses.any():
+            result[resource.label] = {"unmet_demand_fraction": None, "slack_fraction": None}
             continue
         d, u, lim = demand[:, uses, resource], usage[:, uses, resource], limit[:, uses, resource]
         held = managed[:, uses]

@@ -147,6 +147,17 @@ def write_json(comparison: Comparison, path: Path) -> None:
     path.write_text(json.dumps(comparison.as_json(), indent=2) + "\n", encoding="utf-8")
 
 
+def _fractions(metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics drawn as bars; a resource no pod used has none."""
+    bars = {
+        f"{r.label} {short}": metrics[r.label][key]
+        for r in RESOURCES
+        for short, key in (("unmet", "unmet_demand_fraction"), ("slack", "slack_fraction"))
+        if metrics[r.label][key] is not None
+    }
+    return bars | {"overspend": metrics["budget_overspend_fraction"]}
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
@@ -158,15 +169,7 @@ def write_report(comparison: Comparison, directory: Path) -> Path:
     scenario = comparison.scenario
     bars = directory / "metrics.png"
     plot_bars(
-        {
-            name: {
-                f"{r.label} unmet": m.get(r.label, {}).get("unmet_demand_fraction", 0.0)
-                for r in RESOURCES
-            }
-            | {f"{r.label} slack": m.get(r.label, {}).get("slack_fraction", 0.0) for r in RESOURCES}
-            | {"overspend": m["budget_overspend_fraction"]}
-            for name, m in comparison.metrics.items()
-        },
+        {name: _fractions(m) for name, m in comparison.metrics.items()},
         bars,
         f"{scenario.name}: fractions per policy (lower is better)",
     )
