@@ -189,6 +189,18 @@ def cpu_limits(local: LocalNode) -> dict[str, float]:
     return {p["name"]: p["resources"]["cpu"]["limit"] for p in pods if p["status"] == "running"}
 
 
+def mean_cpu_limits(local: LocalNode, capacity: float, samples: int) -> dict[str, float]:
+    """Limits averaged over a few ticks, each tick checked against the node: on a shared
+    machine one tick's split moves with whatever else runs, the average much less."""
+    seen: list[dict[str, float]] = []
+    for _ in range(samples):
+        limits = cpu_limits(local)
+        assert sum(limits.values()) <= capacity + 1e-6
+        seen.append(limits)
+        time.sleep(0.5)
+    return {name: sum(s[name] for s in seen) / samples for name in seen[-1]}
+
+
 def test_default_rule_gives_a_busy_loop_a_core_within_five_ticks(node: LocalNode) -> None:
     node.start_agent()
     workload = node.launch("burst", 300, BUSY)
@@ -219,17 +231,12 @@ def test_a_full_node_is_split_by_tokens_on_real_cgroups(node: LocalNode) -> None
     try:
         wait_for(lambda: len(cpu_limits(node)) == 3, timeout=10)
         time.sleep(4.0)
-        for _ in range(8):
-            limits = cpu_limits(node)
-            assert sum(limits.values()) <= capacity + 1e-6
-            time.sleep(0.5)
-        for value in limits.values():
+        for value in mean_cpu_limits(node, capacity, 8).values():
             assert value == pytest.approx(capacity / 3, rel=0.15)
         workloads.append(node.launch("rich", 600, BUSY))
         wait_for(lambda: len(cpu_limits(node)) == 4, timeout=10)
-        time.sleep(5.0)
-        limits = cpu_limits(node)
-        assert sum(limits.values()) <= capacity + 1e-6
+        time.sleep(4.0)
+        limits = mean_cpu_limits(node, capacity, 8)
         others = [limits[name] for name in ("one", "two", "three")]
         assert limits["rich"] == pytest.approx(2 * sum(others) / 3, rel=0.2)
     finally:
