@@ -298,11 +298,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_console() -> Console:
+    """The terminal's width on a terminal; elsewhere (a log, CI) wide enough for the tables,
+    which rich would otherwise squeeze into 80 columns and cut."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from kuscale.demo import run_demo
 
     config = _config(args, period=args.period or 0.5)
-    run_demo(config, args.duration, args.json_path, args.plot_path, args.simulate, Console())
+    console = report_console()
+    run_demo(config, args.duration, args.json_path, args.plot_path, args.simulate, console)
     return 0
 
 
@@ -370,9 +378,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from kuscale.sim.report import compare, plot_policy, table, write_json, write_report
     from kuscale.sim.scenario import load_scenario, shipped_names, shipped_path
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = report_console()
     try:
         if args.list:
             for name in shipped_names():
