@@ -86,6 +86,23 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pod_cgroups_parser(pod_cgroups: argparse.ArgumentParser) -> None:
+    which = pod_cgroups.add_mutually_exclusive_group(required=True)
+    which.add_argument("--uid", help="the pod's UID (metadata.uid)")
+    which.add_argument("--pid", type=int, help="a process of one of the pod's containers")
+    pod_cgroups.add_argument("--qos", help="the pod's status.qosClass (with --uid)")
+    pod_cgroups.add_argument(
+        "--container-id",
+        action="append",
+        default=[],
+        help="a status.containerStatuses[].containerID, e.g. containerd://<64 hex>; repeatable",
+    )
+    pod_cgroups.add_argument("--driver", choices=("auto", "systemd", "cgroupfs"), default="auto")
+    pod_cgroups.add_argument(
+        "--cgroup-root", type=Path, help="the CPU hierarchy's root (default: the mounted one)"
+    )
+
+
 def _add_sim_parser(sim: argparse.ArgumentParser) -> None:
     chosen = sim.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--list", action="store_true", help="list the shipped scenarios")
@@ -175,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, required=True, help="PNG file to write")
 
     _add_sim_parser(sub.add_parser("sim", help="compare policies on a simulated node"))
+
+    _add_pod_cgroups_parser(
+        sub.add_parser(
+            "pod-cgroups",
+            help="where a Kubernetes pod's cgroups are, as the agent resolves them",
+        )
+    )
 
     emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
     emulator.add_argument("--state-dir", type=Path, required=True)
@@ -314,6 +338,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pod_cgroups(args: argparse.Namespace) -> int:
+    from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+    from kuscale.kubernetes.cgroups import (
+        Driver,
+        ResolutionError,
+        detect_driver,
+        resolve,
+        resolve_from_process,
+    )
+
+    root: Path | None = args.cgroup_root
+    if root is None:
+        tree: CgroupV1 | CgroupV2 = detect()
+    elif (root / "cgroup.controllers").exists():
+        tree = CgroupV2(root, root)
+    else:
+        tree = CgroupV1(root, root)
+    try:
+        if args.pid is not None:
+            cgroups = resolve_from_process(tree, args.pid)
+        elif args.qos is None:
+            raise CliError("--uid needs --qos (the pod's status.qosClass)")
+        else:
+            driver = detect_driver(tree) if args.driver == "auto" else Driver(args.driver)
+            cgroups = resolve(tree, args.uid, args.qos, args.container_id, driver)
+    except ResolutionError as err:
+        raise CliError(str(err)) from None
+    print(f"pod        {tree.cpu_root}/{cgroups.pod}")
+    for container in cgroups.containers:
+        print(f"container  {tree.cpu_root}/{container}")
+    return 0
+
+
 def cmd_gpu_emulator(args: argparse.Namespace) -> int:
     from kuscale.gpuemu.emulator import GpuEmulator
     from kuscale.local.statedir import StateDir
@@ -419,6 +476,7 @@ COMMANDS = {
     "top": cmd_top,
     "plot": cmd_plot,
     "sim": cmd_sim,
+    "pod-cgroups": cmd_pod_cgroups,
     "gpu-emulator": cmd_gpu_emulator,
     "workload": cmd_workload,
 }
