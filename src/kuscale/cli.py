@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -84,6 +85,22 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="measure and export, write no limit",
     )
+
+
+def _add_deviceplugin_parser(plugin: argparse.ArgumentParser) -> None:
+    plugin.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="the kubelet's device-plugin directory (its kubelet.sock is there)",
+    )
+    plugin.add_argument(
+        "--tokens",
+        type=int,
+        help="tokens to advertise (default: what the node's cores and --gpus cost)",
+    )
+    plugin.add_argument("--gpus", type=int, default=0, help="GPUs on this node, for the default")
+    plugin.add_argument("--config", type=Path, help="TOML configuration file (for the prices)")
 
 
 def _add_pod_cgroups_parser(pod_cgroups: argparse.ArgumentParser) -> None:
@@ -193,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sim_parser(sub.add_parser("sim", help="compare policies on a simulated node"))
 
+    _add_deviceplugin_parser(
+        sub.add_parser("deviceplugin", help="advertise the node's tokens to the kubelet")
+    )
     _add_pod_cgroups_parser(
         sub.add_parser(
             "pod-cgroups",
@@ -338,6 +358,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deviceplugin(args: argparse.Namespace) -> int:
+    from kuscale.backends.cgroup import node_cpu_capacity
+    from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin, node_tokens
+
+    if args.gpus < 0:
+        raise CliError("--gpus must be 0 or more")
+    if args.tokens is not None and args.tokens <= 0:
+        raise CliError(f"--tokens must be a positive integer, got {args.tokens}")
+    if not args.kubelet_dir.is_dir():
+        raise CliError(f"{args.kubelet_dir} is not a directory (is the kubelet's mounted?)")
+    prices = load_config(args.config, {}).policy_config.prices()
+    tokens = args.tokens or node_tokens(
+        node_cpu_capacity() / 100.0, args.gpus, float(prices[0]), float(prices[1])
+    )
+    server = DevicePluginServer(TokenPlugin(tokens), args.kubelet_dir)
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stopped.set())
+    server.start()
+    log.info("serving %d tokens on %s", tokens, server.socket)
+    stopped.wait()
+    server.stop()
+    return 0
+
+
 def cmd_pod_cgroups(args: argparse.Namespace) -> int:
     from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
     from kuscale.kubernetes.cgroups import (
@@ -476,6 +521,7 @@ COMMANDS = {
     "top": cmd_top,
     "plot": cmd_plot,
     "sim": cmd_sim,
+    "deviceplugin": cmd_deviceplugin,
     "pod-cgroups": cmd_pod_cgroups,
     "gpu-emulator": cmd_gpu_emulator,
     "workload": cmd_workload,
@@ -487,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(
         args.verbose,
         args.log_format == "json",
-        base=1 if args.command in ("agent", "gpu-emulator") else 0,
+        base=1 if args.command in ("agent", "gpu-emulator", "deviceplugin") else 0,
     )
     try:
         return COMMANDS[args.command](args)

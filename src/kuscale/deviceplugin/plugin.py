@@ -1,0 +1,173 @@
+"""The `kuscale.com/token` device plugin: the node's tokens, advertised to the kubelet.
+
+Each token is one device, so the scheduler places pods by the tokens they ask for and the
+kubelet hands each container the token IDs it was given. The plugin serves `DevicePlugin`
+on its own socket in the kubelet's device-plugin directory, then registers with the
+kubelet's `Registration` service there. A kubelet that restarts deletes every socket in that
+directory; the plugin notices its socket is gone, serves again and registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from kuscale.deviceplugin import api_pb2 as api
+from kuscale.deviceplugin import api_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+RESOURCE_NAME = "kuscale.com/token"
+API_VERSION = "v1beta1"
+PLUGIN_SOCKET = "kuscale.sock"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+TOKENS_ENV = "KUSCALE_TOKENS"
+
+Allocated = Callable[[list[str]], None]
+
+
+def node_tokens(cores: float, gpus: int, cpu_price: float, gpu_price: float) -> int:
+    """What the node's capacity costs at the configured prices, per second."""
+    return int(cores * 100 * cpu_price + gpus * 100 * gpu_price)
+
+
+class TokenPlugin(rpc.DevicePluginServicer):
+    """The `DevicePlugin` service over `tokens` identical, always healthy devices."""
+
+    def __init__(self, tokens: int, on_allocate: Allocated | None = None) -> None:
+        if tokens <= 0:
+            raise ValueError(f"a node must advertise at least one token, got {tokens}")
+        self.ids = [f"token-{i}" for i in range(tokens)]
+        self._known = set(self.ids)
+        self._on_allocate = on_allocate
+        self.stopping = threading.Event()
+
+    def GetDevicePluginOptions(  # noqa: N802 (the API's method names)
+        self, request: api.Empty, context: grpc.ServicerContext
+    ) -> api.DevicePluginOptions:
+        return api.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    def ListAndWatch(  # noqa: N802
+        self, request: api.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api.ListAndWatchResponse]:
+        """The whole list once; tokens never fail, so the stream then only stays open."""
+        yield api.ListAndWatchResponse(devices=[api.Device(ID=i, health=HEALTHY) for i in self.ids])
+        while context.is_active() and not self.stopping.wait(0.2):
+            continue
+
+    def GetPreferredAllocation(  # noqa: N802
+        self, request: api.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api.PreferredAllocationResponse:
+        """Any tokens will do: those that must be included, then the first available."""
+        answers = []
+        for wanted in request.container_requests:
+            chosen = list(wanted.must_include_deviceIDs)
+            rest = [i for i in wanted.available_deviceIDs if i not in set(chosen)]
+            chosen += rest[: max(wanted.allocation_size - len(chosen), 0)]
+            answers.append(api.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return api.PreferredAllocationResponse(container_responses=answers)
+
+    def Allocate(  # noqa: N802
+        self, request: api.AllocateRequest, context: grpc.ServicerContext
+    ) -> api.AllocateResponse:
+        answers = []
+        for wanted in request.container_requests:
+            ids = list(wanted.devices_ids)
+            unknown = sorted(set(ids) - self._known)
+            if unknown or len(set(ids)) != len(ids):
+                log.warning("refused an allocation of tokens %s: not this node's", ids)
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"tokens {unknown or ids} are not distinct tokens of this node "
+                    f"({len(self.ids)} exist)",
+                )
+            answers.append(api.ContainerAllocateResponse(envs={TOKENS_ENV: str(len(ids))}))
+            log.info("allocated %d tokens to a container", len(ids))
+            if self._on_allocate is not None:
+                self._on_allocate(ids)
+        return api.AllocateResponse(container_responses=answers)
+
+    def PreStartContainer(  # noqa: N802
+        self, request: api.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api.PreStartContainerResponse:
+        return api.PreStartContainerResponse()
+
+
+class DevicePluginServer:
+    """Serves a `TokenPlugin` in `kubelet_dir` and keeps it registered with the kubelet."""
+
+    def __init__(self, plugin: TokenPlugin, kubelet_dir: Path, poll_seconds: float = 0.2) -> None:
+        self.plugin = plugin
+        self.socket = kubelet_dir / PLUGIN_SOCKET
+        self.kubelet_socket = kubelet_dir / KUBELET_SOCKET
+        self.poll_seconds = poll_seconds
+        self.registrations = 0
+        self._server: grpc.Server | None = None
+        self._watcher = threading.Thread(target=self._watch, name="deviceplugin", daemon=True)
+
+    def start(self) -> None:
+        self._serve()
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self.plugin.stopping.set()
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait()
+        self._watcher.join(timeout=5)
+        self.socket.unlink(missing_ok=True)
+
+    def _serve(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+        self.socket.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        rpc.add_DevicePluginServicer_to_server(self.plugin, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+
+    def _register(self) -> bool:
+        options = api.DevicePluginOptions(get_preferred_allocation_available=True)
+        request = api.RegisterRequest(
+            version=API_VERSION,
+            endpoint=PLUGIN_SOCKET,
+            resource_name=RESOURCE_NAME,
+            options=options,
+        )
+        try:
+            with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                rpc.RegistrationStub(channel).Register(request, timeout=5)
+        except grpc.RpcError as err:
+            log.warning("registration with the kubelet at %s failed: %s", self.kubelet_socket, err)
+            return False
+        self.registrations += 1
+        log.info("registered %s (%d tokens) with the kubelet", RESOURCE_NAME, len(self.plugin.ids))
+        return True
+
+    def _watch(self) -> None:
+        """Register, and register again whenever the kubelet deletes our socket, retrying a
+        kubelet that is not up yet with a backoff of up to 5 s."""
+        registered = False
+        backoff = self.poll_seconds
+        while not self.plugin.stopping.wait(0 if not registered else self.poll_seconds):
+            if registered and os.path.exists(self.socket):
+                continue
+            if registered:
+                log.info(
+                    "the kubelet removed %s (a restart?); serving and registering again",
+                    self.socket,
+                )
+                self._serve()
+            registered = self._register()
+            if not registered:
+                self.plugin.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            else:
+                backoff = self.poll_seconds

@@ -1,0 +1,191 @@
+"""The token device plugin against a fake kubelet: real gRPC over real unix sockets."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kuscale.cli import main
+from kuscale.deviceplugin import api_pb2 as api
+from kuscale.deviceplugin import api_pb2_grpc as rpc
+from kuscale.deviceplugin.plugin import (
+    DevicePluginServer,
+    TokenPlugin,
+    node_tokens,
+)
+
+
+class FakeKubelet(rpc.RegistrationServicer):
+    """The kubelet's Registration service on `kubelet.sock`, recording every request."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.requests: queue.Queue[api.RegisterRequest] = queue.Queue()
+        self.server: grpc.Server | None = None
+
+    def Register(  # noqa: N802
+        self, request: api.RegisterRequest, context: grpc.ServicerContext
+    ) -> api.Empty:
+        self.requests.put(request)
+        return api.Empty()
+
+    def start(self) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.directory / 'kubelet.sock'}")
+        self.server.start()
+
+    def restart(self) -> None:
+        """What a real kubelet restart does to the directory: every socket is deleted."""
+        assert self.server is not None
+        self.server.stop(grace=None).wait()
+        for socket in self.directory.glob("*.sock"):
+            socket.unlink()
+        self.start()
+
+
+@pytest.fixture
+def kubelet_dir() -> Iterator[Path]:
+    """Short, so socket paths stay under the 108 bytes a unix socket name allows."""
+    directory = Path(tempfile.mkdtemp(prefix="kdp-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(kubelet_dir: Path) -> Iterator[FakeKubelet]:
+    fake = FakeKubelet(kubelet_dir)
+    fake.start()
+    yield fake
+    assert fake.server is not None
+    fake.server.stop(grace=None)
+
+
+@pytest.fixture
+def plugin(kubelet_dir: Path) -> Iterator[DevicePluginServer]:
+    allocated: list[list[str]] = []
+    server = DevicePluginServer(TokenPlugin(5, on_allocate=allocated.append), kubelet_dir)
+    server.start()
+    yield server
+    server.stop()
+
+
+def channel_to(server: DevicePluginServer) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{server.socket}")
+
+
+def test_the_plugin_registers_and_advertises_its_tokens(
+    kubelet: FakeKubelet, plugin: DevicePluginServer
+) -> None:
+    request = kubelet.requests.get(timeout=5)
+    assert (request.version, request.endpoint, request.resource_name) == (
+        "v1beta1",
+        "kuscale.sock",
+        "kuscale.com/token",
+    )
+    with channel_to(plugin) as channel:
+        stub = rpc.DevicePluginStub(channel)
+        first = next(iter(stub.ListAndWatch(api.Empty(), timeout=5)))
+        assert [d.ID for d in first.devices] == [f"token-{i}" for i in range(5)]
+        assert {d.health for d in first.devices} == {"Healthy"}
+        assert stub.GetDevicePluginOptions(api.Empty()).get_preferred_allocation_available
+
+
+def test_allocate_answers_each_container_and_refuses_tokens_that_do_not_exist(
+    kubelet: FakeKubelet, plugin: DevicePluginServer
+) -> None:
+    with channel_to(plugin) as channel:
+        stub = rpc.DevicePluginStub(channel)
+        wanted = api.ContainerAllocateRequest(devices_ids=["token-0", "token-3"])
+        answer = stub.Allocate(api.AllocateRequest(container_requests=[wanted]), timeout=5)
+        assert dict(answer.container_responses[0].envs) == {"KUSCALE_TOKENS": "2"}
+        too_many = api.ContainerAllocateRequest(devices_ids=["token-0", "token-9"])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Allocate(api.AllocateRequest(container_requests=[too_many]), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "token-9" in str(refused.value.details())
+
+
+def test_the_preferred_allocation_keeps_what_must_be_included(
+    kubelet: FakeKubelet, plugin: DevicePluginServer
+) -> None:
+    wanted = api.ContainerPreferredAllocationRequest(
+        available_deviceIDs=["token-1", "token-2", "token-4"],
+        must_include_deviceIDs=["token-4"],
+        allocation_size=2,
+    )
+    with channel_to(plugin) as channel:
+        answer = rpc.DevicePluginStub(channel).GetPreferredAllocation(
+            api.PreferredAllocationRequest(container_requests=[wanted]), timeout=5
+        )
+    assert list(answer.container_responses[0].deviceIDs) == ["token-4", "token-1"]
+
+
+def test_a_restarted_kubelet_gets_a_new_registration_within_a_second(
+    kubelet: FakeKubelet, plugin: DevicePluginServer
+) -> None:
+    kubelet.requests.get(timeout=5)
+    kubelet.restart()
+    restarted = time.monotonic()
+    again = kubelet.requests.get(timeout=5)
+    assert time.monotonic() - restarted < 1.0
+    assert again.resource_name == "kuscale.com/token"
+    assert plugin.socket.exists()
+    with channel_to(plugin) as channel:
+        first = next(iter(rpc.DevicePluginStub(channel).ListAndWatch(api.Empty(), timeout=5)))
+    assert len(first.devices) == 5
+
+
+def test_a_kubelet_that_is_not_up_yet_is_retried(kubelet_dir: Path) -> None:
+    server = DevicePluginServer(TokenPlugin(3), kubelet_dir)
+    server.start()
+    try:
+        time.sleep(0.5)
+        assert server.registrations == 0
+        fake = FakeKubelet(kubelet_dir)
+        fake.start()
+        assert fake.requests.get(timeout=10).resource_name == "kuscale.com/token"
+        assert fake.server is not None
+        fake.server.stop(grace=None)
+    finally:
+        server.stop()
+
+
+def test_the_node_advertises_what_its_capacity_costs() -> None:
+    assert node_tokens(cores=2, gpus=1, cpu_price=1.0, gpu_price=3.0) == 500
+    with pytest.raises(ValueError, match="at least one token"):
+        TokenPlugin(0)
+
+
+def test_kuscale_deviceplugin_serves_until_sigterm(kubelet: FakeKubelet) -> None:
+    command = [sys.executable, "-m", "kuscale", "deviceplugin", "--kubelet-dir"]
+    process = subprocess.Popen([*command, str(kubelet.directory), "--tokens", "7"])
+    try:
+        assert kubelet.requests.get(timeout=20).resource_name == "kuscale.com/token"
+        with grpc.insecure_channel(f"unix://{kubelet.directory / 'kuscale.sock'}") as channel:
+            stub = rpc.DevicePluginStub(channel)
+            assert len(next(iter(stub.ListAndWatch(api.Empty(), timeout=5))).devices) == 7
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    assert not (kubelet.directory / "kuscale.sock").exists()
+
+
+def test_kuscale_deviceplugin_refuses_bad_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["deviceplugin", "--kubelet-dir", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["deviceplugin", "--kubelet-dir", str(tmp_path), "--tokens", "0"]) == 2
+    assert "--tokens must be a positive integer" in capsys.readouterr().err
