@@ -27,10 +27,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_tick.py
 
-# The kubelet device plugin API's Python modules are generated from api.proto and committed.
+# The kubelet APIs' Python modules are generated from their .proto files and committed.
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src \
-		--pyi_out=src src/kuscale/deviceplugin/api.proto
+		--pyi_out=src src/kuscale/deviceplugin/api.proto src/kuscale/kubernetes/podresources.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache demo-summary.json demo.png

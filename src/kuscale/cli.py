@@ -120,6 +120,26 @@ def _add_pod_cgroups_parser(pod_cgroups: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_kubernetes_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that speak to a kubelet or read its cgroups."""
+    _add_deviceplugin_parser(
+        sub.add_parser("deviceplugin", help="advertise the node's tokens to the kubelet")
+    )
+    sub.add_parser(
+        "token-pods", help="the pods on this node the kubelet gave tokens, and how many"
+    ).add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    )
+    _add_pod_cgroups_parser(
+        sub.add_parser(
+            "pod-cgroups",
+            help="where a Kubernetes pod's cgroups are, as the agent resolves them",
+        )
+    )
+
+
 def _add_sim_parser(sim: argparse.ArgumentParser) -> None:
     chosen = sim.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--list", action="store_true", help="list the shipped scenarios")
@@ -210,15 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sim_parser(sub.add_parser("sim", help="compare policies on a simulated node"))
 
-    _add_deviceplugin_parser(
-        sub.add_parser("deviceplugin", help="advertise the node's tokens to the kubelet")
-    )
-    _add_pod_cgroups_parser(
-        sub.add_parser(
-            "pod-cgroups",
-            help="where a Kubernetes pod's cgroups are, as the agent resolves them",
-        )
-    )
+    _add_kubernetes_parsers(sub)
 
     emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
     emulator.add_argument("--state-dir", type=Path, required=True)
@@ -383,6 +395,19 @@ def cmd_deviceplugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token_pods(args: argparse.Namespace) -> int:
+    from kuscale.kubernetes.podresources import PodResourcesError, list_token_holders
+
+    try:
+        holders = list_token_holders(args.pod_resources_socket)
+    except PodResourcesError as err:
+        raise CliError(str(err)) from None
+    for holder in holders:
+        containers = ",".join(holder.containers)
+        print(f"{holder.namespace}/{holder.name}  {holder.tokens} tokens  ({containers})")
+    return 0
+
+
 def cmd_pod_cgroups(args: argparse.Namespace) -> int:
     from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
     from kuscale.kubernetes.cgroups import (
@@ -523,6 +548,7 @@ COMMANDS = {
     "sim": cmd_sim,
     "deviceplugin": cmd_deviceplugin,
     "pod-cgroups": cmd_pod_cgroups,
+    "token-pods": cmd_token_pods,
     "gpu-emulator": cmd_gpu_emulator,
     "workload": cmd_workload,
 }
