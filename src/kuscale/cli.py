@@ -125,12 +125,17 @@ def _add_kubernetes_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPar
     _add_deviceplugin_parser(
         sub.add_parser("deviceplugin", help="advertise the node's tokens to the kubelet")
     )
-    sub.add_parser(
+    token_pods = sub.add_parser(
         "token-pods", help="the pods on this node the kubelet gave tokens, and how many"
-    ).add_argument(
+    )
+    token_pods.add_argument(
         "--pod-resources-socket",
         type=Path,
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    )
+    token_pods.add_argument("--node", help="also ask the API server for this node's pods")
+    token_pods.add_argument(
+        "--kubeconfig", type=Path, help="with --node (default: the in-cluster account)"
     )
     _add_pod_cgroups_parser(
         sub.add_parser(
@@ -396,15 +401,32 @@ def cmd_deviceplugin(args: argparse.Namespace) -> int:
 
 
 def cmd_token_pods(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+    from yaml import YAMLError
+
+    from kuscale.kubernetes.apiserver import NodePods, core_api
     from kuscale.kubernetes.podresources import PodResourcesError, list_token_holders
 
     try:
         holders = list_token_holders(args.pod_resources_socket)
     except PodResourcesError as err:
         raise CliError(str(err)) from None
+    if args.node is None:
+        for holder in holders:
+            containers = ",".join(holder.containers)
+            print(f"{holder.namespace}/{holder.name}  {holder.tokens} tokens  ({containers})")
+        return 0
+    try:
+        pods = NodePods(core_api(args.kubeconfig), args.node)
+        pods.sync()
+    except (ApiException, ConfigException, HTTPError, YAMLError, ValueError) as err:
+        raise CliError(f"cannot list node {args.node}'s pods: {err}") from None
     for holder in holders:
-        containers = ",".join(holder.containers)
-        print(f"{holder.namespace}/{holder.name}  {holder.tokens} tokens  ({containers})")
+        view = pods.get(holder.namespace, holder.name)
+        known = f"uid {view.uid}  {view.qos}" if view else "unknown to the API server"
+        print(f"{holder.namespace}/{holder.name}  {holder.tokens} tokens  {known}")
     return 0
 
 
