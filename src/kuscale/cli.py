@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import signal
 import socket
@@ -17,9 +18,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from kuscale.kubernetes.agent import KubernetesAgent
 
 from kuscale.backends.base import BackendError
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
@@ -73,6 +77,64 @@ def _pod_name(text: str) -> str:
 def _default_name(command: Sequence[str]) -> str:
     base = re.sub(r"[^a-z0-9-]+", "-", Path(command[0]).name.lower()).strip("-")[:50] or "pod"
     return f"{base}-{uuid.uuid4().hex[:6]}"
+
+
+def _add_agent_parser(agent: argparse.ArgumentParser) -> None:
+    mode = agent.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--local",
+        action="store_true",
+        help="manage workloads on this machine (the embedded default)",
+    )
+    mode.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="manage the pods the kubelet gave kuscale.com/token, and advertise the tokens",
+    )
+    agent.add_argument("--state-dir", type=Path, help="local mode's state dir (required there)")
+    _add_kubelet_options(agent)
+    agent.add_argument("--gpus", type=int, default=1, help="GPUs behind the vGPU layer (0: none)")
+    agent.add_argument("--gpu-root", type=Path, help="vGPU layer root (default STATE/vgpu)")
+    agent.add_argument(
+        "--metrics-address",
+        default="127.0.0.1:9091",
+        help="HOST:PORT for /metrics and /healthz ('' to turn off)",
+    )
+    agent.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="this node's name: the metrics' node label, and whose pods to manage "
+        "(default: $NODE_NAME, as the DaemonSet sets it from the downward API, else the host)",
+    )
+    agent.add_argument("--record", type=Path, help="write every tick to this JSON-lines file")
+    agent.add_argument(
+        "--record-max-mb",
+        type=float,
+        default=64.0,
+        help="rotate the recording past this size (keeps two files)",
+    )
+    _add_agent_options(agent)
+
+
+def _add_kubelet_options(agent: argparse.ArgumentParser) -> None:
+    """Where `agent --kubernetes` finds the kubelet and the API server."""
+    agent.add_argument("--kubeconfig", type=Path, help="default: the in-cluster account")
+    agent.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="the kubelet's device-plugin directory",
+    )
+    agent.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    )
+    agent.add_argument(
+        "--tokens",
+        type=int,
+        help="tokens to advertise (default: what the node's capacity costs; 0: no device plugin)",
+    )
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
@@ -175,32 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    agent = sub.add_parser("agent", help="run the node agent")
-    agent.add_argument(
-        "--local",
-        action="store_true",
-        required=True,
-        help="manage workloads on this machine (the embedded default)",
-    )
-    agent.add_argument("--state-dir", type=Path, required=True)
-    agent.add_argument("--gpus", type=int, default=1, help="GPUs behind the vGPU layer (0: none)")
-    agent.add_argument("--gpu-root", type=Path, help="vGPU layer root (default STATE/vgpu)")
-    agent.add_argument(
-        "--metrics-address",
-        default="127.0.0.1:9091",
-        help="HOST:PORT for /metrics and /healthz ('' to turn off)",
-    )
-    agent.add_argument(
-        "--node-name", default=socket.gethostname(), help="the node label on every metric"
-    )
-    agent.add_argument("--record", type=Path, help="write every tick to this JSON-lines file")
-    agent.add_argument(
-        "--record-max-mb",
-        type=float,
-        default=64.0,
-        help="rotate the recording past this size (keeps two files)",
-    )
-    _add_agent_options(agent)
+    _add_agent_parser(sub.add_parser("agent", help="run the node agent"))
 
     launch = sub.add_parser("launch", help="run a command in a cgroup the agent manages")
     launch.add_argument("--state-dir", type=Path, required=True)
@@ -262,6 +299,38 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
     return load_config(args.config, overrides)
 
 
+def _kubernetes_agent(
+    args: argparse.Namespace, config: Any, listeners: list[Callable[[dict[str, Any]], None]]
+) -> KubernetesAgent:
+    from kubernetes.config import ConfigException
+
+    from kuscale.backends.cgroup import node_cpu_capacity
+    from kuscale.deviceplugin.plugin import node_tokens
+    from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
+    from kuscale.kubernetes.apiserver import core_api
+
+    if args.tokens is not None and args.tokens < 0:
+        raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
+    prices = config.policy_config.prices()
+    tokens = (
+        args.tokens
+        if args.tokens is not None
+        else node_tokens(node_cpu_capacity() / 100.0, 0, float(prices[0]), float(prices[1]))
+    )
+    try:
+        core = core_api(args.kubeconfig)
+    except ConfigException as err:
+        raise CliError(f"no Kubernetes credentials: {err}") from None
+    return KubernetesAgent(
+        config,
+        core,
+        args.node_name,
+        tokens or None,
+        KubeletPaths(args.kubelet_dir, args.pod_resources_socket),
+        listeners=listeners,
+    )
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from kuscale.exporter import AddressError, MetricsExporter
     from kuscale.local.agent import LocalAgent
@@ -273,6 +342,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise CliError("--gpus must be 0 or more")
     if args.record_max_mb <= 0:
         raise CliError("--record-max-mb must be above 0")
+    if args.local and args.state_dir is None:
+        raise CliError("--local needs --state-dir")
     config = _config(args)
     exporter = MetricsExporter(args.node_name)
     listeners: list[Callable[[dict[str, Any]], None]] = [exporter.on_tick]
@@ -280,13 +351,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.record:
         recorder = TickRecorder(args.record, int(args.record_max_mb * 2**20))
         listeners.append(recorder)
-    agent = LocalAgent(
-        StateDir(args.state_dir),
-        config,
-        gpus=args.gpus,
-        gpu_root=args.gpu_root,
-        listeners=listeners,
-    )
+    agent: LocalAgent | KubernetesAgent
+    if args.kubernetes:
+        agent = _kubernetes_agent(args, config, listeners)
+    else:
+        agent = LocalAgent(
+            StateDir(args.state_dir),
+            config,
+            gpus=args.gpus,
+            gpu_root=args.gpu_root,
+            listeners=listeners,
+        )
     if args.metrics_address:
         try:
             host, port = exporter.serve(args.metrics_address)

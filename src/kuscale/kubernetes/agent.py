@@ -1,0 +1,88 @@
+"""The agent on a Kubernetes node: the token device plugin, discovery and the monitor.
+
+The device plugin advertises the node's tokens so the scheduler places pods by them;
+discovery finds the pods that were given tokens and their cgroups; the monitor scales what
+they were given, writing each pod's own cgroup (never a QoS slice), and restores it when the
+pod loses its tokens or the agent stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.config import AgentConfig
+from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
+from kuscale.kubernetes.apiserver import NodePods
+from kuscale.kubernetes.discovery import KubernetesDiscovery
+from kuscale.kubernetes.podresources import DEFAULT_SOCKET
+from kuscale.monitor import Monitor, Stop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletPaths:
+    device_plugins: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources: Path = DEFAULT_SOCKET
+
+
+class KubernetesAgent:
+    """Wires the monitor to the kubelet and the API server; `run` blocks until a Stop."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        core: client.CoreV1Api,
+        node: str,
+        tokens: int | None,
+        kubelet: KubeletPaths = KubeletPaths(),
+        cgroups: CgroupV1 | CgroupV2 | None = None,
+        listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
+    ) -> None:
+        self.cgroups = cgroups or detect()
+        self.listeners = list(listeners)
+        self.monitor = Monitor(self.cgroups, None, config, on_tick=self._on_tick)
+        self.plugin = (
+            DevicePluginServer(TokenPlugin(tokens), kubelet.device_plugins) if tokens else None
+        )
+        self.discovery = KubernetesDiscovery(
+            NodePods(core, node),
+            self.cgroups,
+            self.monitor.submit,
+            interval=config.period,
+            pod_resources_socket=kubelet.pod_resources,
+        )
+        self._thread: threading.Thread | None = None
+
+    def _on_tick(self, snapshot: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener(snapshot)
+
+    def run(self) -> None:
+        if self.plugin is not None:
+            self.plugin.start()
+        self.discovery.start()
+        try:
+            self.monitor.run()
+        finally:
+            self.discovery.stop()
+            if self.plugin is not None:
+                self.plugin.stop()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="kuscale-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the loop to stop; it restores every limit it changed before returning."""
+        self.monitor.submit(Stop())
+        if self._thread is not None:
+            self._thread.join(timeout)

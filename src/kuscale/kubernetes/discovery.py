@@ -1,0 +1,103 @@
+"""Kubernetes discovery: the pods the kubelet gave tokens, as monitor events.
+
+Each pass asks the kubelet which pods hold tokens (a local gRPC call), joins them with the
+API server's view (kept current by its own watch, never polled), resolves each pod's cgroup,
+and announces what is new, changed or gone. Like local discovery it only puts events on the
+monitor's queue; a pod it cannot place yet is skipped with a log line and tried again on the
+next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from kuscale.backends.base import CpuBackend
+from kuscale.kubernetes.apiserver import NodePods, join
+from kuscale.kubernetes.cgroups import Driver, ResolutionError, detect_driver, resolve
+from kuscale.kubernetes.podresources import PodResourcesError, list_token_holders
+from kuscale.model import InvalidSpec, PodSpec
+from kuscale.monitor import Event, PodAdded, PodRemoved
+
+log = logging.getLogger(__name__)
+
+
+class KubernetesDiscovery:
+    def __init__(
+        self,
+        pods: NodePods,
+        tree: CpuBackend,
+        submit: Callable[[Event], None],
+        interval: float,
+        pod_resources_socket: Path,
+    ) -> None:
+        self.pods = pods
+        self.tree = tree
+        self.submit = submit
+        self.interval = interval
+        self.socket = pod_resources_socket
+        self._driver: Driver | None = None
+        self._known: dict[str, PodSpec] = {}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self.pods.run, args=(self._stop,), name="k8s-pods", daemon=True
+            ),
+            threading.Thread(target=self._run, name="k8s-discovery", daemon=True),
+        ]
+
+    def specs(self) -> dict[str, PodSpec]:
+        """The pods holding tokens that can be managed now, by key."""
+        holders = list_token_holders(self.socket)
+        if self._driver is None:
+            self._driver = detect_driver(self.tree)
+        found = {}
+        for holder, view in join(holders, self.pods):
+            try:
+                cgroups = resolve(
+                    self.tree, view.uid, view.qos, list(view.container_ids), self._driver
+                )
+                spec = PodSpec(
+                    name=holder.name,
+                    namespace=holder.namespace,
+                    tokens=holder.tokens,
+                    cgroup=cgroups.pod,
+                    uid=view.uid,
+                )
+            except (ResolutionError, InvalidSpec) as err:
+                log.info(
+                    "pod %s/%s holds tokens but is skipped: %s", holder.namespace, holder.name, err
+                )
+                continue
+            found[spec.key] = spec
+        return found
+
+    def scan(self) -> None:
+        """Announce new and changed pods, and withdraw those whose tokens are gone."""
+        current = self.specs()
+        for key, spec in current.items():
+            if self._known.get(key) != spec:
+                self.submit(PodAdded(spec))
+        for key in self._known.keys() - current.keys():
+            self.submit(PodRemoved(key))
+        self._known = current
+
+    def _run(self) -> None:
+        self.pods.synced.wait(timeout=30)
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except (PodResourcesError, ResolutionError) as err:
+                log.warning("discovery pass failed: %s; trying again", err)
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)

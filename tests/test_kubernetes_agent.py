@@ -1,0 +1,132 @@
+"""`kuscale agent --kubernetes` end to end against fakes: a kubelet's pod-resources socket,
+an API server over HTTP, and a cgroup v1 tree shaped like the kubelet's."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
+from kubernetes import client
+from test_apiserver import UID, FakeApiServer
+from test_podresources import container
+
+from kuscale.backends.cgroup import CgroupV1
+from kuscale.cli import main
+from kuscale.config import AgentConfig
+from kuscale.kubernetes import podresources_pb2 as api
+from kuscale.kubernetes import podresources_pb2_grpc as rpc
+from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
+
+POD_CGROUP = f"kubepods/burstable/pod{UID}"
+TOKENS = [f"token-{i}" for i in range(50)]
+
+
+class Kubelet(rpc.PodResourcesListerServicer):
+    """The trainer holds 50 tokens: what half a core costs at the default CPU price."""
+
+    def List(  # noqa: N802
+        self, request: api.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api.ListPodResourcesResponse:
+        trainer = api.PodResources(
+            name="trainer",
+            namespace="ml",
+            containers=[container("main", ("kuscale.com/token", TOKENS))],
+        )
+        return api.ListPodResourcesResponse(pod_resources=[trainer])
+
+
+@pytest.fixture
+def pod_resources() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="kag-", dir="/tmp"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpc.add_PodResourcesListerServicer_to_server(Kubelet(), server)
+    server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
+    server.start()
+    yield directory / "kubelet.sock"
+    server.stop(grace=None)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_pod_given_tokens_is_found_scaled_and_restored(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    write_files(tmp_path / "cpu" / POD_CGROUP, V1_CPU_FILES)
+    write_files(tmp_path / "cpuacct" / POD_CGROUP, V1_CPUACCT_FILES)
+    quota = tmp_path / "cpu" / POD_CGROUP / "cpu.cfs_quota_us"
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=apiserver.url)))
+    agent = KubernetesAgent(
+        AgentConfig(period=0.2),
+        core,
+        "n1",
+        tokens=None,
+        kubelet=KubeletPaths(pod_resources=pod_resources),
+        cgroups=CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct"),
+    )
+    agent.start()
+    try:
+        deadline = time.monotonic() + 15
+        while (
+            "ml/trainer" not in agent.monitor.registry.running or quota.read_text().strip() == "-1"
+        ):
+            assert time.monotonic() < deadline, "the pod was not adopted and limited"
+            time.sleep(0.1)
+        pod = agent.monitor.registry.running["ml/trainer"]
+        assert (pod.spec.tokens, pod.spec.cgroup, pod.spec.uid) == (50, POD_CGROUP, UID)
+        assert int(quota.read_text()) > 0
+    finally:
+        agent.stop()
+        apiserver.server.shutdown()
+    assert quota.read_text().strip() == "-1"
+
+
+def test_the_cli_refuses_missing_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["agent", "--local"]) == 2
+    assert "--local needs --state-dir" in capsys.readouterr().err
+    missing = ["agent", "--kubernetes", "--kubeconfig", str(tmp_path / "nope")]
+    assert main([*missing, "--metrics-address", ""]) == 2
+    assert "kuscale agent: error" in capsys.readouterr().err
+    assert main(["agent", "--kubernetes", "--tokens", "-1"]) == 2
+    assert "--tokens must be 0 or more" in capsys.readouterr().err
+
+
+def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resources: Path) -> None:
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{apiserver.url}'}}}}]\n"
+        "users: [{name: me, user: {}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: me}}]\n"
+    )
+    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0"]
+    command += ["--kubeconfig", str(kubeconfig), "--pod-resources-socket", str(pod_resources)]
+    process = subprocess.Popen(
+        [*command, "--metrics-address", "", "--node-name", "n1"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while apiserver.lists == 0:
+            assert time.monotonic() < deadline and process.poll() is None, "no list from the agent"
+            time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+        apiserver.server.shutdown()
+    assert process.returncode == 0, stderr
+    assert "agent running on node n1" in stderr
