@@ -29,6 +29,8 @@ PLUGIN_SOCKET = "kuscale.sock"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 TOKENS_ENV = "KUSCALE_TOKENS"
+REGISTER_SECONDS = 5.0
+"""How long one registration call may take; stopping waits for twice that at most."""
 
 Allocated = Callable[[list[str]], None]
 
@@ -120,7 +122,7 @@ class DevicePluginServer:
         self.plugin.stopping.set()
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
-        self._watcher.join(timeout=5)
+        self._watcher.join(timeout=2 * REGISTER_SECONDS)
         self.socket.unlink(missing_ok=True)
 
     def _serve(self) -> None:
@@ -143,7 +145,7 @@ class DevicePluginServer:
         )
         try:
             with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
-                rpc.RegistrationStub(channel).Register(request, timeout=5)
+                rpc.RegistrationStub(channel).Register(request, timeout=REGISTER_SECONDS)
         except grpc.RpcError as err:
             log.warning("registration with the kubelet at %s failed: %s", self.kubelet_socket, err)
             return False

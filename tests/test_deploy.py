@@ -1,0 +1,63 @@
+"""The Kubernetes manifests: every Kustomize overlay rendered by `kubectl kustomize` and
+validated against the Kubernetes schemas; the agent's arguments parse; RBAC stays minimal."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kuscale.cli import build_parser
+from kuscale.config import load_config
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+KUSTOMIZATIONS = [DEPLOY / "base", *sorted((DEPLOY / "overlays").iterdir())]
+SCHEMA_VERSION = "1.32.0"
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed: the overlays cannot be rendered here")
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True
+    )
+    return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda d: d.name)
+def test_every_overlay_renders_to_valid_kubernetes_objects(directory: Path) -> None:
+    documents = render(directory)
+    assert {d["kind"] for d in documents} >= {"DaemonSet", "ClusterRole", "ServiceAccount"}
+    for document in documents:
+        kubernetes_validate.validate(document, SCHEMA_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda d: d.name)
+def test_the_daemonset_runs_a_command_the_agent_accepts(directory: Path) -> None:
+    (daemonset,) = [d for d in render(directory) if d["kind"] == "DaemonSet"]
+    agent = daemonset["spec"]["template"]["spec"]["containers"][0]
+    args = [a.replace("$(POD_IP)", "10.0.0.1") for a in agent["args"]]
+    parsed = build_parser().parse_args(args)
+    assert parsed.kubernetes and parsed.metrics_address == "10.0.0.1:9091"
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts
+
+
+def test_rbac_reads_pods_and_nothing_more() -> None:
+    (role,) = [d for d in render(DEPLOY / "base") if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def test_the_shipped_settings_and_example_are_valid() -> None:
+    assert load_config(DEPLOY / "base" / "kuscale.toml", {}).policy == "kuscale"
+    example = yaml.safe_load((DEPLOY / "examples" / "workload.yaml").read_text())
+    kubernetes_validate.validate(example, SCHEMA_VERSION, strict=True)
+    limits = example["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["kuscale.com/token"] == "200"
