@@ -159,6 +159,20 @@ def test_removed_pods_are_released() -> None:
     assert spec.key in monitor.registry.completed
 
 
+def test_a_pod_withdrawn_while_it_runs_gets_its_limit_back() -> None:
+    node = SimNode()
+    spec = replace(pod(node, "lost-tokens"), owned=False)
+    SimCpu(node).write_limit("lost-tokens", 150.0)
+    monitor = make(node)
+    monitor.submit(PodAdded(spec))
+    step(node, monitor, 3)
+    assert SimCpu(node).read_limit("lost-tokens") != 150.0
+    monitor.submit(PodRemoved(spec.key))
+    step(node, monitor, 1)
+    assert spec.key in monitor.registry.completed
+    assert SimCpu(node).read_limit("lost-tokens") == 150.0
+
+
 def test_restore_puts_back_what_was_there_before() -> None:
     node = SimNode()
     spec = pod(node, "had-limit", gpu="0:100")

@@ -141,7 +141,9 @@ class Monitor:
         elif isinstance(event, PodAdded):
             self._adopt(event.spec, now)
         elif event.key in self.registry.running:
-            self._complete(self.registry.running[event.key], "removed by its source")
+            pod = self.registry.running[event.key]
+            self._restore_pod(pod)
+            self._complete(pod, "removed by its source")
 
     def _drain(self, now: float) -> None:
         while True:
@@ -541,16 +543,21 @@ class Monitor:
     def restore(self) -> None:
         """Put back every limit kuscale changed, so no workload stays throttled behind it."""
         for pod in self.registry.running.values():
-            try:
-                if pod.restore_shares is not None:
-                    self.cpu.write_shares(pod.spec.cgroup, pod.restore_shares)
-                    pod.restore_shares = None
-                for resource, state in pod.resources.items():
-                    if state.changed:
-                        self._actuate(pod, resource, state.restore_limit)
-                        state.changed = False
-            except BackendError as err:
-                self._count_error(pod, err)
+            self._restore_pod(pod)
+
+    def _restore_pod(self, pod: PodState) -> None:
+        """What one pod had before kuscale: on shutdown, and when its source withdraws it
+        while it may still run (a Kubernetes pod that lost its tokens)."""
+        try:
+            if pod.restore_shares is not None:
+                self.cpu.write_shares(pod.spec.cgroup, pod.restore_shares)
+                pod.restore_shares = None
+            for resource, state in pod.resources.items():
+                if state.changed:
+                    self._actuate(pod, resource, state.restore_limit)
+                    state.changed = False
+        except BackendError as err:
+            self._count_error(pod, err)
         if self.gpu is not None:
             try:
                 self.gpu.commit()
