@@ -173,6 +173,22 @@ def test_a_pod_withdrawn_while_it_runs_gets_its_limit_back() -> None:
     assert SimCpu(node).read_limit("lost-tokens") == 150.0
 
 
+def test_a_pod_offered_again_with_other_tokens_is_taken_up_anew() -> None:
+    node = SimNode()
+    spec = replace(pod(node, "grows"), owned=False)
+    monitor = make(node)
+    monitor.submit(PodAdded(spec))
+    step(node, monitor, 2)
+    monitor.submit(PodAdded(replace(spec, tokens=600)))
+    step(node, monitor, 1)
+    state = monitor.registry.running[spec.key]
+    assert state.spec.tokens == 600
+    assert monitor.registry.completed[spec.key].status is PodStatus.COMPLETED
+    monitor.submit(PodAdded(replace(spec, tokens=600)))
+    step(node, monitor, 1)
+    assert monitor.registry.running[spec.key] is state
+
+
 def test_restore_puts_back_what_was_there_before() -> None:
     node = SimNode()
     spec = pod(node, "had-limit", gpu="0:100")

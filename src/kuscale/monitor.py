@@ -139,11 +139,18 @@ class Monitor:
         if isinstance(event, Stop):
             self._stopping = True
         elif isinstance(event, PodAdded):
+            running = self.registry.running.get(event.spec.key)
+            if running is not None and running.spec != event.spec:
+                self._withdraw(running, "replaced: its tokens, cgroup or UID changed")
             self._adopt(event.spec, now)
         elif event.key in self.registry.running:
-            pod = self.registry.running[event.key]
-            self._restore_pod(pod)
-            self._complete(pod, "removed by its source")
+            self._withdraw(self.registry.running[event.key], "removed by its source")
+
+    def _withdraw(self, pod: PodState, reason: str) -> None:
+        """A pod its source no longer offers as it was, which may still run: give back its
+        limits, then complete it."""
+        self._restore_pod(pod)
+        self._complete(pod, reason)
 
     def _drain(self, now: float) -> None:
         while True:
