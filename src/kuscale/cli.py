@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 from kuscale.backends.base import BackendError
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
+from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.local.statedir import StateDirError
 from kuscale.logs import setup_logging
 from kuscale.model import InvalidSpec, validate_pod_name, validate_tokens
@@ -116,20 +117,29 @@ def _add_agent_parser(agent: argparse.ArgumentParser) -> None:
     _add_agent_options(agent)
 
 
+def _add_kubelet_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=DEVICE_PLUGIN_DIR,
+        help="the kubelet's device-plugin directory (its kubelet.sock is there)",
+    )
+
+
+def _add_pod_resources_socket(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=POD_RESOURCES_SOCKET,
+        help="the kubelet's pod-resources API",
+    )
+
+
 def _add_kubelet_options(agent: argparse.ArgumentParser) -> None:
     """Where `agent --kubernetes` finds the kubelet and the API server."""
     agent.add_argument("--kubeconfig", type=Path, help="default: the in-cluster account")
-    agent.add_argument(
-        "--kubelet-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/device-plugins"),
-        help="the kubelet's device-plugin directory",
-    )
-    agent.add_argument(
-        "--pod-resources-socket",
-        type=Path,
-        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-    )
+    _add_kubelet_dir(agent)
+    _add_pod_resources_socket(agent)
     agent.add_argument(
         "--tokens",
         type=int,
@@ -150,12 +160,7 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_deviceplugin_parser(plugin: argparse.ArgumentParser) -> None:
-    plugin.add_argument(
-        "--kubelet-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/device-plugins"),
-        help="the kubelet's device-plugin directory (its kubelet.sock is there)",
-    )
+    _add_kubelet_dir(plugin)
     plugin.add_argument(
         "--tokens",
         type=int,
@@ -190,11 +195,7 @@ def _add_kubernetes_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPar
     token_pods = sub.add_parser(
         "token-pods", help="the pods on this node the kubelet gave tokens, and how many"
     )
-    token_pods.add_argument(
-        "--pod-resources-socket",
-        type=Path,
-        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-    )
+    _add_pod_resources_socket(token_pods)
     token_pods.add_argument("--node", help="also ask the API server for this node's pods")
     token_pods.add_argument(
         "--kubeconfig", type=Path, help="with --node (default: the in-cluster account)"
@@ -299,24 +300,26 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
     return load_config(args.config, overrides)
 
 
+def _node_tokens(config: Any, gpus: int) -> int:
+    """The tokens a node advertises by default: what its cores and GPUs cost."""
+    from kuscale.backends.cgroup import node_cpu_capacity
+    from kuscale.deviceplugin.plugin import node_tokens
+
+    prices = config.policy_config.prices()
+    return node_tokens(node_cpu_capacity() / 100.0, gpus, float(prices[0]), float(prices[1]))
+
+
 def _kubernetes_agent(
     args: argparse.Namespace, config: Any, listeners: list[Callable[[dict[str, Any]], None]]
 ) -> KubernetesAgent:
     from kubernetes.config import ConfigException
 
-    from kuscale.backends.cgroup import node_cpu_capacity
-    from kuscale.deviceplugin.plugin import node_tokens
     from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
     from kuscale.kubernetes.apiserver import core_api
 
     if args.tokens is not None and args.tokens < 0:
         raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
-    prices = config.policy_config.prices()
-    tokens = (
-        args.tokens
-        if args.tokens is not None
-        else node_tokens(node_cpu_capacity() / 100.0, 0, float(prices[0]), float(prices[1]))
-    )
+    tokens = args.tokens if args.tokens is not None else _node_tokens(config, gpus=0)
     try:
         core = core_api(args.kubeconfig)
     except ConfigException as err:
@@ -451,8 +454,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_deviceplugin(args: argparse.Namespace) -> int:
-    from kuscale.backends.cgroup import node_cpu_capacity
-    from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin, node_tokens
+    from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
 
     if args.gpus < 0:
         raise CliError("--gpus must be 0 or more")
@@ -460,10 +462,7 @@ def cmd_deviceplugin(args: argparse.Namespace) -> int:
         raise CliError(f"--tokens must be a positive integer, got {args.tokens}")
     if not args.kubelet_dir.is_dir():
         raise CliError(f"{args.kubelet_dir} is not a directory (is the kubelet's mounted?)")
-    prices = load_config(args.config, {}).policy_config.prices()
-    tokens = args.tokens or node_tokens(
-        node_cpu_capacity() / 100.0, args.gpus, float(prices[0]), float(prices[1])
-    )
+    tokens = args.tokens or _node_tokens(load_config(args.config, {}), args.gpus)
     server = DevicePluginServer(TokenPlugin(tokens), args.kubelet_dir)
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -20,9 +20,9 @@ from kubernetes import client
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.config import AgentConfig
 from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
+from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.kubernetes.apiserver import NodePods
 from kuscale.kubernetes.discovery import KubernetesDiscovery
-from kuscale.kubernetes.podresources import DEFAULT_SOCKET
 from kuscale.monitor import Monitor, Stop
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class KubeletPaths:
-    device_plugins: Path = Path("/var/lib/kubelet/device-plugins")
-    pod_resources: Path = DEFAULT_SOCKET
+    device_plugins: Path = DEVICE_PLUGIN_DIR
+    pod_resources: Path = POD_RESOURCES_SOCKET
 
 
 class KubernetesAgent:

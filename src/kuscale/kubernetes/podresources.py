@@ -13,10 +13,9 @@ from pathlib import Path
 import grpc
 
 from kuscale.deviceplugin.plugin import RESOURCE_NAME
+from kuscale.kubernetes import POD_RESOURCES_SOCKET
 from kuscale.kubernetes import podresources_pb2 as api
 from kuscale.kubernetes import podresources_pb2_grpc as rpc
-
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 class PodResourcesError(Exception):
@@ -52,7 +51,9 @@ def token_holders(response: api.ListPodResourcesResponse) -> list[TokenHolder]:
     return holders
 
 
-def list_token_holders(socket: Path = DEFAULT_SOCKET, timeout: float = 5.0) -> list[TokenHolder]:
+def list_token_holders(
+    socket: Path = POD_RESOURCES_SOCKET, timeout: float = 5.0
+) -> list[TokenHolder]:
     """Ask the kubelet once; an unreachable kubelet or a garbled answer is an error."""
     try:
         with grpc.insecure_channel(f"unix://{socket}") as channel:
