@@ -9,7 +9,6 @@ pod loses its tokens or the agent stops.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +16,14 @@ from typing import Any
 
 from kubernetes import client
 
+from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.config import AgentConfig
 from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.kubernetes.apiserver import NodePods
 from kuscale.kubernetes.discovery import KubernetesDiscovery
-from kuscale.monitor import Monitor, Stop
+from kuscale.monitor import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class KubeletPaths:
     pod_resources: Path = POD_RESOURCES_SOCKET
 
 
-class KubernetesAgent:
-    """Wires the monitor to the kubelet and the API server; `run` blocks until a Stop."""
+class KubernetesAgent(AgentLoop):
+    """Wires the monitor to the kubelet and the API server."""
 
     def __init__(
         self,
@@ -60,7 +60,6 @@ class KubernetesAgent:
             interval=config.period,
             pod_resources_socket=kubelet.pod_resources,
         )
-        self._thread: threading.Thread | None = None
 
     def _on_tick(self, snapshot: dict[str, Any]) -> None:
         for listener in self.listeners:
@@ -76,13 +75,3 @@ class KubernetesAgent:
             self.discovery.stop()
             if self.plugin is not None:
                 self.plugin.stop()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="kuscale-monitor", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the loop to stop; it restores every limit it changed before returning."""
-        self.monitor.submit(Stop())
-        if self._thread is not None:
-            self._thread.join(timeout)

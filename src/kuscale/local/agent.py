@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig
 from kuscale.local.discovery import LocalDiscovery
 from kuscale.local.statedir import StateDir
 from kuscale.model import PodState
-from kuscale.monitor import Monitor, Stop
+from kuscale.monitor import Monitor
 
 log = logging.getLogger("kuscale.local")
 
 
-class LocalAgent:
-    """Wires the monitor to the state dir; `run` blocks, `start`/`stop` run it in a thread."""
+class LocalAgent(AgentLoop):
+    """Wires the monitor to the state dir."""
 
     def __init__(
         self,
@@ -41,7 +41,6 @@ class LocalAgent:
         self.discovery = LocalDiscovery(
             state, self.monitor.submit, interval=min(config.period / 2, 0.5)
         )
-        self._thread: threading.Thread | None = None
 
     def _on_tick(self, snapshot: dict[str, Any]) -> None:
         try:
@@ -63,13 +62,3 @@ class LocalAgent:
             self.monitor.run()
         finally:
             self.discovery.stop()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="kuscale-monitor", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the loop to stop; it restores every limit it changed before returning."""
-        self.monitor.submit(Stop())
-        if self._thread is not None:
-            self._thread.join(timeout)
