@@ -120,6 +120,17 @@ def node_pods(apiserver: FakeApiServer) -> Iterator[NodePods]:
     runner.join(timeout=10)
 
 
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig whose one context reaches `server` with no credentials."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: me, user: {}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: me}}]\n"
+    )
+    return path
+
+
 def wait_for(condition: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -169,13 +180,7 @@ def test_token_holders_the_api_server_does_not_know_are_skipped(node_pods: NodeP
 def test_kuscale_token_pods_joins_the_kubelet_and_the_api_server(
     apiserver: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{apiserver.url}'}}}}]\n"
-        "users: [{name: me, user: {}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: me}}]\n"
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
     holders = [TokenHolder("ml", "trainer", 3, ("main",)), TokenHolder("ml", "ghost", 1, ("a",))]
     with patch("kuscale.kubernetes.podresources.list_token_holders", return_value=holders):
         args = ["token-pods", "--node", "n1", "--kubeconfig", str(kubeconfig)]

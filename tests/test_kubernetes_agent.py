@@ -3,23 +3,20 @@ an API server over HTTP, and a cgroup v1 tree shaped like the kubelet's."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 from kubernetes import client
-from test_apiserver import UID, FakeApiServer
-from test_podresources import container
+from test_apiserver import UID, FakeApiServer, write_kubeconfig
+from test_podresources import container, serving
 
 from kuscale.backends.cgroup import CgroupV1
 from kuscale.cli import main
@@ -48,14 +45,8 @@ class Kubelet(rpc.PodResourcesListerServicer):
 
 @pytest.fixture
 def pod_resources() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="kag-", dir="/tmp"))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    rpc.add_PodResourcesListerServicer_to_server(Kubelet(), server)
-    server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
-    server.start()
-    yield directory / "kubelet.sock"
-    server.stop(grace=None)
-    shutil.rmtree(directory, ignore_errors=True)
+    with serving(Kubelet()) as path:
+        yield path
 
 
 def test_a_pod_given_tokens_is_found_scaled_and_restored(
@@ -107,13 +98,7 @@ def test_the_cli_refuses_missing_settings(
 def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resources: Path) -> None:
     apiserver = FakeApiServer()
     threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{apiserver.url}'}}}}]\n"
-        "users: [{name: me, user: {}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: me}}]\n"
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
     command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0"]
     command += ["--kubeconfig", str(kubeconfig), "--pod-resources-socket", str(pod_resources)]
     process = subprocess.Popen(

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -56,16 +57,25 @@ class FakePodResources(rpc.PodResourcesListerServicer):
         return PODS
 
 
-@pytest.fixture
-def socket() -> Iterator[Path]:
+@contextmanager
+def serving(kubelet: rpc.PodResourcesListerServicer) -> Iterator[Path]:
+    """A fake kubelet's pod-resources socket; a short path, as unix sockets need."""
     directory = Path(tempfile.mkdtemp(prefix="kpr-", dir="/tmp"))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    rpc.add_PodResourcesListerServicer_to_server(FakePodResources(), server)
+    rpc.add_PodResourcesListerServicer_to_server(kubelet, server)
     server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
     server.start()
-    yield directory / "kubelet.sock"
-    server.stop(grace=None)
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        yield directory / "kubelet.sock"
+    finally:
+        server.stop(grace=None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def socket() -> Iterator[Path]:
+    with serving(FakePodResources()) as path:
+        yield path
 
 
 def test_only_pods_given_tokens_are_listed_with_their_count(socket: Path) -> None:
