@@ -45,7 +45,9 @@ class PodStatus(enum.StrEnum):
     REFUSED = "refused"
 
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+MAX_POD_NAME = 253
 _VGPU_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -54,11 +56,14 @@ class InvalidSpec(ValueError):
 
 
 def validate_pod_name(name: str) -> str:
-    """Pod names become cgroup directory names, so they must be DNS-1123 labels."""
-    if not _DNS_LABEL.fullmatch(name):
+    """Pod names are DNS-1123 subdomains, as Kubernetes names pods, and become cgroup
+    directory and file names in local mode: every dot sits between two alphanumerics, so no
+    name is `.`, `..` or holds a `/`."""
+    if len(name) > MAX_POD_NAME or not _DNS_SUBDOMAIN.fullmatch(name):
         raise InvalidSpec(
-            f"pod name {name!r} is not a DNS-1123 label "
-            "(lower-case letters, digits and '-', 1-63 characters, alphanumeric at both ends)"
+            f"pod name {name!r} is not a DNS-1123 subdomain (lower-case letters, digits, "
+            f"'-' and '.', 1-{MAX_POD_NAME} characters, alphanumeric around every dot and "
+            "at both ends)"
         )
     return name
 
