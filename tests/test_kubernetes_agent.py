@@ -15,7 +15,7 @@ import grpc
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 from kubernetes import client
-from test_apiserver import UID, FakeApiServer, write_kubeconfig
+from test_apiserver import DIGEST, UID, FakeApiServer, write_kubeconfig
 from test_podresources import container, serving
 
 from kuscale.backends.cgroup import CgroupV1
@@ -26,6 +26,7 @@ from kuscale.kubernetes import podresources_pb2_grpc as rpc
 from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
 
 POD_CGROUP = f"kubepods/burstable/pod{UID}"
+CONTAINER_CGROUP = f"{POD_CGROUP}/{DIGEST}"
 TOKENS = [f"token-{i}" for i in range(50)]
 
 
@@ -52,9 +53,12 @@ def pod_resources() -> Iterator[Path]:
 def test_a_pod_given_tokens_is_found_scaled_and_restored(
     tmp_path: Path, pod_resources: Path
 ) -> None:
-    write_files(tmp_path / "cpu" / POD_CGROUP, V1_CPU_FILES)
-    write_files(tmp_path / "cpuacct" / POD_CGROUP, V1_CPUACCT_FILES)
+    for cgroup in (POD_CGROUP, CONTAINER_CGROUP):
+        write_files(tmp_path / "cpu" / cgroup, V1_CPU_FILES)
+        write_files(tmp_path / "cpuacct" / cgroup, V1_CPUACCT_FILES)
     quota = tmp_path / "cpu" / POD_CGROUP / "cpu.cfs_quota_us"
+    container_quota = tmp_path / "cpu" / CONTAINER_CGROUP / "cpu.cfs_quota_us"
+    container_quota.write_text("50000\n")
     apiserver = FakeApiServer()
     threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=apiserver.url)))
@@ -76,11 +80,14 @@ def test_a_pod_given_tokens_is_found_scaled_and_restored(
             time.sleep(0.1)
         pod = agent.monitor.registry.running["ml/trainer"]
         assert (pod.spec.tokens, pod.spec.cgroup, pod.spec.uid) == (50, POD_CGROUP, UID)
+        assert pod.spec.containers == (CONTAINER_CGROUP,)
         assert int(quota.read_text()) > 0
+        assert container_quota.read_text().strip() == "-1"
     finally:
         agent.stop()
         apiserver.server.shutdown()
     assert quota.read_text().strip() == "-1"
+    assert container_quota.read_text().strip() == "50000"
 
 
 def test_the_cli_refuses_missing_settings(

@@ -98,10 +98,15 @@ class PodSpec:
     vgpu_id: str | None = None
     owned: bool = False
     """True when kuscale created the cgroup and must remove it once the pod completes."""
+    containers: tuple[str, ...] = ()
+    """The leaf cgroups of the pod's containers, under `cgroup` (Kubernetes pods)."""
 
     def __post_init__(self) -> None:
         validate_pod_name(self.name)
         validate_tokens(self.tokens)
+        for leaf in self.containers:
+            if not leaf.startswith(self.cgroup + "/"):
+                raise InvalidSpec(f"container cgroup {leaf!r} is not under {self.cgroup!r}")
         if self.vgpu_id is not None:
             validate_vgpu_id(self.vgpu_id)
 
@@ -112,6 +117,15 @@ class PodSpec:
     @property
     def resources(self) -> tuple[Resource, ...]:
         return RESOURCES if self.vgpu_id is not None else (Resource.CPU,)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a pod had before kuscale took it over, to be given back: the pod's own CPU
+    limit and, by cgroup or container name, its containers' (percent; None: unlimited)."""
+
+    pod: float | None
+    containers: tuple[tuple[str, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +153,8 @@ class ResourceState:
     starved: bool = False
     history: deque[float] = field(default_factory=lambda: deque(maxlen=DEFAULT_WINDOW))
     restore_limit: float | None = None
-    """What the limit was before kuscale first changed it (None = unlimited)."""
+    """The GPU's limit before kuscale first changed it (None = unlimited); the CPU's is in
+    the pod's `held`, with its containers'."""
     changed: bool = False
 
 
@@ -156,6 +171,8 @@ class PodState:
     """Monotonic seconds of the sample the next usage is measured from."""
     cpu_baseline: CpuCounters | None = None
     gpu_baseline: int | None = None
+    held: Held | None = None
+    """What the CPU actuator found when it took the pod over, to give back."""
     restore_shares: int | None = None
     """cpu.shares before kuscale set them from tokens (None: not changed)."""
     reason: str = ""

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend
+from kuscale.actuators.base import CpuActuator
+from kuscale.actuators.cgroup import CgroupActuator
+from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
 from kuscale.config import AgentConfig
 from kuscale.logs import event
 from kuscale.model import (
@@ -113,9 +115,11 @@ class Monitor:
         policy: Policy | None = None,
         on_tick: Callable[[dict[str, Any]], None] | None = None,
         on_completed: Callable[[PodState], None] | None = None,
+        actuator: CpuActuator | None = None,
     ) -> None:
         self.cpu = cpu
         self.gpu = gpu
+        self.actuator = actuator or CgroupActuator(cpu)
         self.config = config
         self.policy = policy or make_policy(config.policy, config.policy_config)
         self.registry = Registry()
@@ -172,21 +176,12 @@ class Monitor:
         reason = self._refusal(spec)
         self.registry.running[spec.key] = pod
         if reason:
-            event(
-                log,
-                logging.WARNING,
-                "refused",
-                "pod %s refused: %s",
-                spec.key,
-                reason,
-                pod=spec.name,
-                namespace=spec.namespace,
-                reason=reason,
-            )
-            self.registry.complete(spec.key, PodStatus.REFUSED, reason)
+            self._refuse(pod, reason)
             return
         try:
             self._start(pod, now)
+        except Unmanageable as err:
+            self._refuse(pod, str(err))
         except CgroupGone as err:
             pod.status = PodStatus.NOT_READY
             pod.reason = str(err)
@@ -206,6 +201,20 @@ class Monitor:
             pod.status = PodStatus.NOT_READY
             pod.reason = str(err)
 
+    def _refuse(self, pod: PodState, reason: str) -> None:
+        event(
+            log,
+            logging.WARNING,
+            "refused",
+            "pod %s refused: %s",
+            pod.key,
+            reason,
+            pod=pod.spec.name,
+            namespace=pod.spec.namespace,
+            reason=reason,
+        )
+        self.registry.complete(pod.key, PodStatus.REFUSED, reason)
+
     def _refusal(self, spec: PodSpec) -> str | None:
         if spec.vgpu_id is not None and self.gpu is None:
             return "the pod asks for a GPU and this node has no GPU layer"
@@ -222,18 +231,16 @@ class Monitor:
         return committed
 
     def _start(self, pod: PodState, now: float) -> None:
-        """Read what the pod had (to restore it later), set the initial limits, take a baseline."""
+        """Take a baseline, take the pod over (remembering what it had, to give it back), and
+        set the initial limits. A retry after a failure part way takes nothing over twice."""
         spec = pod.spec
-        cpu_state = pod.resources[Resource.CPU]
-        cpu_state.restore_limit = self.cpu.read_limit(spec.cgroup)
         gpu_state = pod.resources.get(Resource.GPU)
         if gpu_state is not None and self.gpu is not None and spec.vgpu_id is not None:
             gpu_state.restore_limit = self.gpu.read_limit(spec.vgpu_id)
             pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
         pod.cpu_baseline = self.cpu.read(spec.cgroup)
-        if self.config.kernel_shares and not self.config.monitor_only:
-            pod.restore_shares = self.cpu.read_shares(spec.cgroup)
-            self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
+        if not self.config.monitor_only:
+            self._take_over(pod)
         pod.last_update = now
         pod.status = PodStatus.RUNNING
         pod.reason = ""
@@ -256,6 +263,14 @@ class Monitor:
             cgroup=spec.cgroup,
             vgpu_id=spec.vgpu_id,
         )
+
+    def _take_over(self, pod: PodState) -> None:
+        spec = pod.spec
+        if pod.held is None:
+            pod.held = self.actuator.hold(spec)
+        if self.config.kernel_shares and pod.restore_shares is None:
+            pod.restore_shares = self.cpu.read_shares(spec.cgroup)
+            self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
 
     def _initial_limit(self, spec: PodSpec) -> float:
         """The original's 10 %, or less where the pod's tokens cannot pay for 10 % of every
@@ -340,6 +355,8 @@ class Monitor:
                 self._complete(pod, "its last process exited")
                 return None
             return self._sample(pod, now)
+        except Unmanageable as err:
+            self._refuse(pod, str(err))
         except CgroupGone as err:
             if pod.status is PodStatus.NOT_READY and not pod.spec.owned:
                 pod.reason = str(err)
@@ -504,18 +521,19 @@ class Monitor:
         if state.changed and 0.0 <= limit - state.limit < WRITE_RESOLUTION:
             return
         try:
-            self._actuate(pod, resource, limit)
+            state.limit = self._actuate(pod, resource, limit)
         except BackendError as err:
             self._count_error(pod, err)
             return
-        state.limit = limit
         state.changed = True
 
-    def _actuate(self, pod: PodState, resource: Resource, limit: float | None) -> None:
+    def _actuate(self, pod: PodState, resource: Resource, limit: float) -> float:
+        """Write one limit; the limit the pod now holds, which it is charged for."""
         if resource is Resource.CPU:
-            self.cpu.write_limit(pod.spec.cgroup, limit)
-        elif self.gpu is not None and pod.spec.vgpu_id is not None:
+            return self.actuator.write(pod.spec, limit)
+        if self.gpu is not None and pod.spec.vgpu_id is not None:
             self.gpu.write_limit(pod.spec.vgpu_id, limit)
+        return limit
 
     # Running and stopping.
 
@@ -555,16 +573,24 @@ class Monitor:
     def _restore_pod(self, pod: PodState) -> None:
         """What one pod had before kuscale: on shutdown, and when its source withdraws it
         while it may still run (a Kubernetes pod that lost its tokens)."""
+        spec = pod.spec
         try:
             if pod.restore_shares is not None:
-                self.cpu.write_shares(pod.spec.cgroup, pod.restore_shares)
+                self.cpu.write_shares(spec.cgroup, pod.restore_shares)
                 pod.restore_shares = None
-            for resource, state in pod.resources.items():
-                if state.changed:
-                    self._actuate(pod, resource, state.restore_limit)
-                    state.changed = False
+            if pod.held is not None:
+                self.actuator.release(spec, pod.held)
+                pod.held = None
+                pod.resources[Resource.CPU].changed = False
         except BackendError as err:
             self._count_error(pod, err)
+        gpu_state = pod.resources.get(Resource.GPU)
+        if gpu_state is not None and gpu_state.changed and self.gpu and spec.vgpu_id:
+            try:
+                self.gpu.write_limit(spec.vgpu_id, gpu_state.restore_limit)
+                gpu_state.changed = False
+            except BackendError as err:
+                self._count_error(pod, err)
         if self.gpu is not None:
             try:
                 self.gpu.commit()

@@ -29,6 +29,13 @@ class CounterError(BackendError):
     kind = "garbage"
 
 
+class Unmanageable(BackendError):
+    """A pod this actuator cannot scale at all, found before anything was changed; it is
+    refused with the reason rather than retried every tick."""
+
+    kind = "refused"
+
+
 class RangeError(BackendError):
     """A value outside what the kernel accepts; refused before any write."""
 

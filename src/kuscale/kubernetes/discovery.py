@@ -65,6 +65,7 @@ class KubernetesDiscovery:
                     tokens=holder.tokens,
                     cgroup=cgroups.pod,
                     uid=view.uid,
+                    containers=cgroups.containers,
                 )
             except (ResolutionError, InvalidSpec) as err:
                 log.info(

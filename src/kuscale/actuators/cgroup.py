@@ -1,0 +1,61 @@
+"""The fast path: the pod's CPU limit written straight to its own cgroup.
+
+A container's leaf keeps the quota the kubelet gave it from its `limits.cpu`, and under
+cgroup v1 the kernel refuses a parent's quota below a child's (EINVAL): the pod could never
+be lowered below its largest container's limit. Taking a pod over therefore lifts its
+containers' quotas first (children before the parent on the way down), so the pod's quota is
+the one that binds and its `cpu.stat` counts all of its throttling. Giving it back restores
+the pod first and then its containers (the parent before its children on the way up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kuscale.backends.base import BackendError, CgroupGone, CpuBackend
+from kuscale.model import Held, PodSpec
+
+
+class CgroupActuator:
+    def __init__(self, cgroups: CpuBackend) -> None:
+        self.cgroups = cgroups
+        self.mode = "cgroup"
+
+    def hold(self, spec: PodSpec) -> Held:
+        held = Held(
+            self.cgroups.read_limit(spec.cgroup),
+            tuple((leaf, self.cgroups.read_limit(leaf)) for leaf in spec.containers),
+        )
+        lifted: list[tuple[str, float | None]] = []
+        try:
+            for leaf, limit in held.containers:
+                if limit is not None:
+                    self.cgroups.write_limit(leaf, None)
+                    lifted.append((leaf, limit))
+        except BackendError:
+            self._put_back(lifted)
+            raise
+        return held
+
+    def write(self, spec: PodSpec, limit: float) -> float:
+        self.cgroups.write_limit(spec.cgroup, limit)
+        return limit
+
+    def release(self, spec: PodSpec, held: Held) -> None:
+        self.cgroups.write_limit(spec.cgroup, held.pod)
+        self._put_back(held.containers)
+
+    def _put_back(self, containers: Sequence[tuple[str, float | None]]) -> None:
+        """Every container that had a quota gets it back; one that has exited is passed."""
+        failures = []
+        for leaf, limit in containers:
+            if limit is None:
+                continue
+            try:
+                self.cgroups.write_limit(leaf, limit)
+            except CgroupGone:
+                continue
+            except BackendError as err:
+                failures.append(str(err))
+        if failures:
+            raise BackendError("; ".join(failures))
