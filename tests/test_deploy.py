@@ -48,11 +48,19 @@ def test_the_daemonset_runs_a_command_the_agent_accepts(directory: Path) -> None
     assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts
 
 
-def test_rbac_reads_pods_and_nothing_more() -> None:
-    (role,) = [d for d in render(DEPLOY / "base") if d["kind"] == "ClusterRole"]
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+READ_PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+RESIZE_PODS = {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["patch"]}
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda d: d.name)
+def test_rbac_reads_pods_and_patches_resize_only_with_that_actuator(directory: Path) -> None:
+    documents = render(directory)
+    (role,) = [d for d in documents if d["kind"] == "ClusterRole"]
+    (daemonset,) = [d for d in documents if d["kind"] == "DaemonSet"]
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    resize = build_parser().parse_args(args).actuator == "resize"
+    assert role["rules"] == ([READ_PODS, RESIZE_PODS] if resize else [READ_PODS])
+    assert resize == (directory.name == "resize")
 
 
 def test_the_shipped_settings_and_example_are_valid() -> None:

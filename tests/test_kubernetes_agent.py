@@ -100,6 +100,9 @@ def test_the_cli_refuses_missing_settings(
     assert "kuscale agent: error" in capsys.readouterr().err
     assert main(["agent", "--kubernetes", "--tokens", "-1"]) == 2
     assert "--tokens must be 0 or more" in capsys.readouterr().err
+    local_resize = ["agent", "--local", "--state-dir", str(tmp_path), "--actuator", "resize"]
+    assert main(local_resize) == 2
+    assert "--actuator resize needs --kubernetes" in capsys.readouterr().err
 
 
 def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resources: Path) -> None:

@@ -145,6 +145,13 @@ def _add_kubelet_options(agent: argparse.ArgumentParser) -> None:
         type=int,
         help="tokens to advertise (default: what the node's capacity costs; 0: no device plugin)",
     )
+    agent.add_argument(
+        "--actuator",
+        choices=("cgroup", "resize"),
+        default="cgroup",
+        help="how limits reach a pod: its cgroups directly (fast), or the pods/resize "
+        "subresource (slower, visible in the pod's spec; --kubernetes only)",
+    )
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
@@ -331,6 +338,7 @@ def _kubernetes_agent(
         tokens or None,
         KubeletPaths(args.kubelet_dir, args.pod_resources_socket),
         listeners=listeners,
+        resize=args.actuator == "resize",
     )
 
 
@@ -347,6 +355,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise CliError("--record-max-mb must be above 0")
     if args.local and args.state_dir is None:
         raise CliError("--local needs --state-dir")
+    if args.local and args.actuator != "cgroup":
+        raise CliError("--actuator resize needs --kubernetes: local workloads have no pod spec")
     config = _config(args)
     exporter = MetricsExporter(args.node_name)
     listeners: list[Callable[[dict[str, Any]], None]] = [exporter.on_tick]

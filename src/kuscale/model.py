@@ -120,12 +120,22 @@ class PodSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerLimit:
+    """One container's CPU limit as kuscale found it (percent; None: unlimited)."""
+
+    name: str
+    """Its leaf cgroup for the cgroup actuator, its name in the pod for the resize one."""
+    limit: float | None
+    request: float = 0.0
+    """The floor of any limit the API accepts for it (its `requests.cpu`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
-    """What a pod had before kuscale took it over, to be given back: the pod's own CPU
-    limit and, by cgroup or container name, its containers' (percent; None: unlimited)."""
+    """What a pod had before kuscale took it over, to be given back."""
 
     pod: float | None
-    containers: tuple[tuple[str, float | None], ...] = ()
+    containers: tuple[ContainerLimit, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

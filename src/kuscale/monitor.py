@@ -518,22 +518,24 @@ class Monitor:
         if self.config.monitor_only:
             state.limit = limit
             return
-        if state.changed and 0.0 <= limit - state.limit < WRITE_RESOLUTION:
+        held = limit
+        if resource is Resource.CPU and pod.held is not None:
+            held = self.actuator.quantize(pod.held, limit)
+        if state.changed and 0.0 <= held - state.limit < WRITE_RESOLUTION:
             return
         try:
-            state.limit = self._actuate(pod, resource, limit)
+            self._actuate(pod, resource, limit)
         except BackendError as err:
             self._count_error(pod, err)
             return
+        state.limit = held
         state.changed = True
 
-    def _actuate(self, pod: PodState, resource: Resource, limit: float) -> float:
-        """Write one limit; the limit the pod now holds, which it is charged for."""
-        if resource is Resource.CPU:
-            return self.actuator.write(pod.spec, limit)
-        if self.gpu is not None and pod.spec.vgpu_id is not None:
+    def _actuate(self, pod: PodState, resource: Resource, limit: float) -> None:
+        if resource is Resource.CPU and pod.held is not None:
+            self.actuator.write(pod.spec, pod.held, limit)
+        elif resource is Resource.GPU and self.gpu is not None and pod.spec.vgpu_id is not None:
             self.gpu.write_limit(pod.spec.vgpu_id, limit)
-        return limit
 
     # Running and stopping.
 

@@ -15,9 +15,13 @@ class CpuActuator(Protocol):
         Raises before changing anything when the pod cannot be managed this way."""
         ...
 
-    def write(self, spec: PodSpec, limit: float) -> float:
-        """Set the pod's limit in percent; the limit it now holds, which rounding or the
-        API's rules may make differ from the one asked for."""
+    def quantize(self, held: Held, limit: float) -> float:
+        """The limit the pod would hold if asked for `limit` (percent): rounding and the
+        API's rules may make it differ, and the pod is charged for what it holds."""
+        ...
+
+    def write(self, spec: PodSpec, held: Held, limit: float) -> None:
+        """Ask for `limit`; the pod then holds what `quantize` says of the same `limit`."""
         ...
 
     def release(self, spec: PodSpec, held: Held) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend
-from kuscale.model import Held, PodSpec
+from kuscale.model import ContainerLimit, Held, PodSpec
 
 
 class CgroupActuator:
@@ -24,35 +24,37 @@ class CgroupActuator:
     def hold(self, spec: PodSpec) -> Held:
         held = Held(
             self.cgroups.read_limit(spec.cgroup),
-            tuple((leaf, self.cgroups.read_limit(leaf)) for leaf in spec.containers),
+            tuple(ContainerLimit(leaf, self.cgroups.read_limit(leaf)) for leaf in spec.containers),
         )
-        lifted: list[tuple[str, float | None]] = []
+        lifted: list[ContainerLimit] = []
         try:
-            for leaf, limit in held.containers:
-                if limit is not None:
-                    self.cgroups.write_limit(leaf, None)
-                    lifted.append((leaf, limit))
+            for container in held.containers:
+                if container.limit is not None:
+                    self.cgroups.write_limit(container.name, None)
+                    lifted.append(container)
         except BackendError:
             self._put_back(lifted)
             raise
         return held
 
-    def write(self, spec: PodSpec, limit: float) -> float:
-        self.cgroups.write_limit(spec.cgroup, limit)
+    def quantize(self, held: Held, limit: float) -> float:
         return limit
+
+    def write(self, spec: PodSpec, held: Held, limit: float) -> None:
+        self.cgroups.write_limit(spec.cgroup, limit)
 
     def release(self, spec: PodSpec, held: Held) -> None:
         self.cgroups.write_limit(spec.cgroup, held.pod)
         self._put_back(held.containers)
 
-    def _put_back(self, containers: Sequence[tuple[str, float | None]]) -> None:
+    def _put_back(self, containers: Sequence[ContainerLimit]) -> None:
         """Every container that had a quota gets it back; one that has exited is passed."""
         failures = []
-        for leaf, limit in containers:
-            if limit is None:
+        for container in containers:
+            if container.limit is None:
                 continue
             try:
-                self.cgroups.write_limit(leaf, limit)
+                self.cgroups.write_limit(container.name, container.limit)
             except CgroupGone:
                 continue
             except BackendError as err:

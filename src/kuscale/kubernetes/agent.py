@@ -2,8 +2,9 @@
 
 The device plugin advertises the node's tokens so the scheduler places pods by them;
 discovery finds the pods that were given tokens and their cgroups; the monitor scales what
-they were given, writing each pod's own cgroup (never a QoS slice), and restores it when the
-pod loses its tokens or the agent stops.
+they were given, writing each pod's own cgroups (never a QoS slice) or, with `resize`,
+asking the API server for an in-place resize, and gives back what it changed when the pod
+loses its tokens or the agent stops.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from kubernetes import client
 
+from kuscale.actuators.cgroup import CgroupActuator
+from kuscale.actuators.resize import ResizeActuator
 from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.config import AgentConfig
@@ -46,10 +49,17 @@ class KubernetesAgent(AgentLoop):
         kubelet: KubeletPaths = KubeletPaths(),
         cgroups: CgroupV1 | CgroupV2 | None = None,
         listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
+        resize: bool = False,
     ) -> None:
         self.cgroups = cgroups or detect()
         self.listeners = list(listeners)
-        self.monitor = Monitor(self.cgroups, None, config, on_tick=self._on_tick)
+        self.monitor = Monitor(
+            self.cgroups,
+            None,
+            config,
+            on_tick=self._on_tick,
+            actuator=ResizeActuator(core) if resize else CgroupActuator(self.cgroups),
+        )
         self.plugin = (
             DevicePluginServer(TokenPlugin(tokens), kubelet.device_plugins) if tokens else None
         )
