@@ -62,7 +62,7 @@ class ResizeActuator:
                 spec.name, spec.namespace, _request_timeout=self.timeout
             ),
         )
-        if pod.metadata is None or pod.metadata.uid != spec.uid:
+        if pod.metadata is None or pod.spec is None or pod.metadata.uid != spec.uid:
             raise CgroupGone(f"pod {spec.key} is not the one with UID {spec.uid}")
         if pod.status is not None and pod.status.qos_class == "Guaranteed":
             raise Unmanageable(
