@@ -98,6 +98,10 @@ class FakeApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(client.ApiClient(client.Configuration(host=self.url)))
+
 
 @pytest.fixture
 def apiserver() -> Iterator[FakeApiServer]:
@@ -170,8 +174,8 @@ def test_garbage_from_the_api_server_is_logged_and_retried(
 
 def test_token_holders_the_api_server_does_not_know_are_skipped(node_pods: NodePods) -> None:
     holders = [
-        TokenHolder("ml", "trainer", 3, ("main",)),
-        TokenHolder("ml", "ghost", 1, ("main",)),
+        TokenHolder("ml", "trainer", 3, ("main",), (("token-0", "token-1", "token-2"),)),
+        TokenHolder("ml", "ghost", 1, ("main",), (("token-3",),)),
     ]
     joined = join(holders, node_pods)
     assert [(h.name, v.uid) for h, v in joined] == [("trainer", UID)]
@@ -181,7 +185,10 @@ def test_kuscale_token_pods_joins_the_kubelet_and_the_api_server(
     apiserver: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
-    holders = [TokenHolder("ml", "trainer", 3, ("main",)), TokenHolder("ml", "ghost", 1, ("a",))]
+    holders = [
+        TokenHolder("ml", "trainer", 3, ("main",), (("token-0", "token-1", "token-2"),)),
+        TokenHolder("ml", "ghost", 1, ("a",), (("token-3",),)),
+    ]
     with patch("kuscale.kubernetes.podresources.list_token_holders", return_value=holders):
         args = ["token-pods", "--node", "n1", "--kubeconfig", str(kubeconfig)]
         assert main(args) == 0

@@ -95,6 +95,14 @@ def test_a_garbled_status_file_is_an_error_not_a_traceback(tmp_path: Path) -> No
         ("[policy]\ndamping = 1.5\n", "policy.damping"),
         ('[agent]\npolicy = "greedy"\n', "agent.policy"),
         ('[agent]\nkernel_shares = "yes"\n', "agent.kernel_shares"),
+        ('[gpu_layer]\nkind = "mig"\n', "gpu_layer.kind"),
+        ("[gpu_layer]\ngpus = 0\n", "gpu_layer.gpus"),
+        ('[gpu_layer]\nroot = "relative/vgpu"\n', "gpu_layer.root"),
+        ('[gpu_layer]\ncontainer_dir = "/run/../etc"\n', "gpu_layer.container_dir"),
+        ('[gpu_layer]\npod_manager = "10.0.0.1"\n', "gpu_layer.pod_manager"),
+        ('[gpu_layer]\npod_manager = "host:99999"\n', "gpu_layer.pod_manager"),
+        ('[gpu_layer]\nenv = { "BAD-NAME" = "x" }\n', "gpu_layer.env"),
+        ("[gpu_layer]\nenv = { A = 1 }\n", "gpu_layer.env"),
     ],
 )
 def test_bad_config_files_are_refused_at_start(

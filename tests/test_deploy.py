@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from kuscale.cli import build_parser
-from kuscale.config import load_config
+from kuscale.config import config_from_mapping, load_config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 KUSTOMIZATIONS = [DEPLOY / "base", *sorted((DEPLOY / "overlays").iterdir())]
@@ -63,9 +64,26 @@ def test_rbac_reads_pods_and_patches_resize_only_with_that_actuator(directory: P
     assert resize == (directory.name == "resize")
 
 
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda d: d.name)
+def test_the_settings_parse_and_the_vgpu_root_is_mounted_where_they_say(directory: Path) -> None:
+    documents = render(directory)
+    (settings,) = [d for d in documents if d["kind"] == "ConfigMap"]
+    layer = config_from_mapping(tomllib.loads(settings["data"]["kuscale.toml"]), "x").gpu_layer
+    (daemonset,) = [d for d in documents if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {
+        m["mountPath"]: host_paths.get(m["name"]) for m in pod["containers"][0]["volumeMounts"]
+    }
+    assert (layer.kind == "vgpu") == (directory.name == "gpu")
+    if layer.kind == "vgpu":
+        assert mounts[layer.root] == layer.root
+
+
 def test_the_shipped_settings_and_example_are_valid() -> None:
     assert load_config(DEPLOY / "base" / "kuscale.toml", {}).policy == "kuscale"
-    example = yaml.safe_load((DEPLOY / "examples" / "workload.yaml").read_text())
-    kubernetes_validate.validate(example, SCHEMA_VERSION, strict=True)
-    limits = example["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["kuscale.com/token"] == "200"
+    for path in sorted((DEPLOY / "examples").glob("*.yaml")):
+        example = yaml.safe_load(path.read_text())
+        kubernetes_validate.validate(example, SCHEMA_VERSION, strict=True)
+        limits = example["spec"]["containers"][0]["resources"]["limits"]
+        assert int(limits["kuscale.com/token"]) > 0

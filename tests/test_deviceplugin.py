@@ -12,13 +12,19 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from random import Random
 
 import grpc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from kuscale.backends.vgpu import VgpuLayer
 from kuscale.cli import main
+from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin import api_pb2_grpc as rpc
+from kuscale.deviceplugin.gpulayer import VgpuAllocator, vgpu_id_for
 from kuscale.deviceplugin.plugin import (
     DevicePluginServer,
     TokenPlugin,
@@ -187,3 +193,78 @@ def test_kuscale_deviceplugin_refuses_bad_values(
     assert "is not a directory" in capsys.readouterr().err
     assert main(["deviceplugin", "--kubelet-dir", str(tmp_path), "--tokens", "0"]) == 2
     assert "--tokens must be a positive integer" in capsys.readouterr().err
+
+
+HOOK = "/opt/gemini/lib/libgemhook.so.1"
+
+
+@pytest.fixture
+def gpu_plugin(kubelet_dir: Path, tmp_path: Path) -> Iterator[tuple[DevicePluginServer, Path]]:
+    root = tmp_path / "vgpu"
+    layer = GpuLayerConfig(
+        kind="vgpu",
+        root=str(root),
+        hook_library=HOOK,
+        pod_manager="10.0.0.5:50052",
+        env={"GEMINI_WINDOW": "100"},
+    ).validate()
+    server = DevicePluginServer(
+        TokenPlugin(20, gpu=VgpuAllocator(layer, VgpuLayer(root))), kubelet_dir
+    )
+    server.start()
+    yield server, root
+    server.stop()
+
+
+def allocate(server: DevicePluginServer, ids: list[str]) -> api.ContainerAllocateResponse:
+    with channel_to(server) as channel:
+        wanted = api.ContainerAllocateRequest(devices_ids=ids)
+        answer = rpc.DevicePluginStub(channel).Allocate(
+            api.AllocateRequest(container_requests=[wanted]), timeout=5
+        )
+    return answer.container_responses[0]
+
+
+def test_allocate_gives_a_fresh_vgpu_mounted_with_the_gemini_hooks_variables(
+    gpu_plugin: tuple[DevicePluginServer, Path],
+) -> None:
+    server, root = gpu_plugin
+    stale = root / "kuscale-9"
+    stale.mkdir(parents=True)
+    (stale / "total_runtime").write_text("999999")
+    answer = allocate(server, ["token-10", "token-9", "token-11"])
+    assert dict(answer.envs) == {
+        "KUSCALE_TOKENS": "3",
+        "KUSCALE_VGPU_ID": "kuscale-9",
+        "POD_NAME": "kuscale-9",
+        "LD_PRELOAD": HOOK,
+        "POD_MANAGER_IP": "10.0.0.5",
+        "POD_MANAGER_PORT": "50052",
+        "GEMINI_WINDOW": "100",
+    }
+    assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == [
+        ("/var/run/kuscale/vgpu", str(stale), False),
+        (HOOK, HOOK, True),
+    ]
+    assert (stale / "total_runtime").read_text() == "0"
+    assert (stale / "gpu_limit").read_text() == "1000"
+
+
+def test_a_vgpu_layer_that_fails_keeps_the_container_from_starting(
+    gpu_plugin: tuple[DevicePluginServer, Path],
+) -> None:
+    server, root = gpu_plugin
+    root.parent.mkdir(parents=True, exist_ok=True)
+    root.write_text("a file where the layer's directory should be")
+    with pytest.raises(grpc.RpcError) as refused:
+        allocate(server, ["token-1"])
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+@given(st.sets(st.integers(0, 10_000), min_size=1, max_size=20), st.randoms())
+def test_a_containers_vgpu_is_named_by_its_lowest_token_whatever_the_order(
+    indices: set[int], shuffle: Random
+) -> None:
+    ids = [f"token-{i}" for i in indices]
+    shuffle.shuffle(ids)
+    assert vgpu_id_for(ids) == f"kuscale-{min(indices)}"

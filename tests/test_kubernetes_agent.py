@@ -3,27 +3,32 @@ an API server over HTTP, and a cgroup v1 tree shaped like the kubelet's."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
-from kubernetes import client
 from test_apiserver import DIGEST, UID, FakeApiServer, write_kubeconfig
 from test_podresources import container, serving
 
 from kuscale.backends.cgroup import CgroupV1
 from kuscale.cli import main
-from kuscale.config import AgentConfig
+from kuscale.config import AgentConfig, GpuLayerConfig
+from kuscale.deviceplugin import api_pb2 as plugin_api
+from kuscale.deviceplugin import api_pb2_grpc as plugin_rpc
 from kuscale.kubernetes import podresources_pb2 as api
 from kuscale.kubernetes import podresources_pb2_grpc as rpc
 from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
+from kuscale.model import PodStatus
 
 POD_CGROUP = f"kubepods/burstable/pod{UID}"
 CONTAINER_CGROUP = f"{POD_CGROUP}/{DIGEST}"
@@ -50,21 +55,31 @@ def pod_resources() -> Iterator[Path]:
         yield path
 
 
+def kubelet_tree(root: Path) -> tuple[Path, Path]:
+    """The trainer's pod and container cgroups as the kubelet makes them; their quota files."""
+    for cgroup in (POD_CGROUP, CONTAINER_CGROUP):
+        write_files(root / "cpu" / cgroup, V1_CPU_FILES)
+        write_files(root / "cpuacct" / cgroup, V1_CPUACCT_FILES)
+    return tuple(root / "cpu" / c / "cpu.cfs_quota_us" for c in (POD_CGROUP, CONTAINER_CGROUP))
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 def test_a_pod_given_tokens_is_found_scaled_and_restored(
     tmp_path: Path, pod_resources: Path
 ) -> None:
-    for cgroup in (POD_CGROUP, CONTAINER_CGROUP):
-        write_files(tmp_path / "cpu" / cgroup, V1_CPU_FILES)
-        write_files(tmp_path / "cpuacct" / cgroup, V1_CPUACCT_FILES)
-    quota = tmp_path / "cpu" / POD_CGROUP / "cpu.cfs_quota_us"
-    container_quota = tmp_path / "cpu" / CONTAINER_CGROUP / "cpu.cfs_quota_us"
+    quota, container_quota = kubelet_tree(tmp_path)
     container_quota.write_text("50000\n")
     apiserver = FakeApiServer()
     threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
-    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=apiserver.url)))
     agent = KubernetesAgent(
         AgentConfig(period=0.2),
-        core,
+        apiserver.core,
         "n1",
         tokens=None,
         kubelet=KubeletPaths(pod_resources=pod_resources),
@@ -72,12 +87,12 @@ def test_a_pod_given_tokens_is_found_scaled_and_restored(
     )
     agent.start()
     try:
-        deadline = time.monotonic() + 15
-        while (
-            "ml/trainer" not in agent.monitor.registry.running or quota.read_text().strip() == "-1"
-        ):
-            assert time.monotonic() < deadline, "the pod was not adopted and limited"
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                "ml/trainer" in agent.monitor.registry.running and quota.read_text().strip() != "-1"
+            ),
+            "the pod was not adopted and limited",
+        )
         pod = agent.monitor.registry.running["ml/trainer"]
         assert (pod.spec.tokens, pod.spec.cgroup, pod.spec.uid) == (50, POD_CGROUP, UID)
         assert pod.spec.containers == (CONTAINER_CGROUP,)
@@ -125,3 +140,44 @@ def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resourc
         apiserver.server.shutdown()
     assert process.returncode == 0, stderr
     assert "agent running on node n1" in stderr
+
+
+def test_allocate_makes_the_vgpu_that_discovery_then_scales(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    kubelet_tree(tmp_path)
+    vgpu = tmp_path / "vgpu" / "kuscale-0"
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    config = replace(
+        AgentConfig(period=0.2), gpu_layer=GpuLayerConfig(kind="vgpu", root=str(tmp_path / "vgpu"))
+    )
+    plugins = Path(tempfile.mkdtemp(prefix="kdp-", dir="/tmp"))
+    agent = KubernetesAgent(
+        config.validate(),
+        apiserver.core,
+        "n1",
+        tokens=len(TOKENS),
+        kubelet=KubeletPaths(device_plugins=plugins, pod_resources=pod_resources),
+        cgroups=CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct"),
+    )
+    agent.start()
+    try:
+        wait_until((plugins / "kuscale.sock").exists, "the plugin is not serving")
+        with grpc.insecure_channel(f"unix://{plugins / 'kuscale.sock'}") as channel:
+            wanted = plugin_api.ContainerAllocateRequest(devices_ids=TOKENS)
+            answer = plugin_rpc.DevicePluginStub(channel).Allocate(
+                plugin_api.AllocateRequest(container_requests=[wanted]), timeout=5
+            )
+        assert answer.container_responses[0].envs["KUSCALE_VGPU_ID"] == "kuscale-0"
+        wait_until(
+            lambda: (vgpu / "gpu_limit").exists() and (vgpu / "gpu_limit").read_text() != "1000",
+            "the pod's vGPU was not limited",
+        )
+        pod = agent.monitor.registry.running["ml/trainer"]
+        assert pod.spec.vgpu_id == "kuscale-0" and pod.status is PodStatus.RUNNING
+    finally:
+        agent.stop()
+        apiserver.server.shutdown()
+        shutil.rmtree(plugins, ignore_errors=True)
+    assert (vgpu / "gpu_limit").read_text() == "1000"

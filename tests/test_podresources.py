@@ -79,7 +79,10 @@ def socket() -> Iterator[Path]:
 
 
 def test_only_pods_given_tokens_are_listed_with_their_count(socket: Path) -> None:
-    assert list_token_holders(socket) == [TokenHolder("ml", "trainer", 3, ("main", "sidecar"))]
+    tokens = (("token-0", "token-1"), ("token-2",))
+    assert list_token_holders(socket) == [
+        TokenHolder("ml", "trainer", 3, ("main", "sidecar"), tokens)
+    ]
 
 
 def test_a_kubelet_that_does_not_answer_is_an_error(

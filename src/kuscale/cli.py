@@ -94,7 +94,12 @@ def _add_agent_parser(agent: argparse.ArgumentParser) -> None:
     )
     agent.add_argument("--state-dir", type=Path, help="local mode's state dir (required there)")
     _add_kubelet_options(agent)
-    agent.add_argument("--gpus", type=int, default=1, help="GPUs behind the vGPU layer (0: none)")
+    agent.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="local mode: GPUs behind the vGPU layer (0: none); Kubernetes: [gpu_layer] gpus",
+    )
     agent.add_argument("--gpu-root", type=Path, help="vGPU layer root (default STATE/vgpu)")
     agent.add_argument(
         "--metrics-address",
@@ -326,7 +331,9 @@ def _kubernetes_agent(
 
     if args.tokens is not None and args.tokens < 0:
         raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
-    tokens = args.tokens if args.tokens is not None else _node_tokens(config, gpus=0)
+    layer = config.gpu_layer
+    gpus = layer.gpus if layer.kind == "vgpu" else 0
+    tokens = args.tokens if args.tokens is not None else _node_tokens(config, gpus)
     try:
         core = core_api(args.kubeconfig)
     except ConfigException as err:

@@ -6,6 +6,7 @@ A bad value is a `ConfigError` naming the key, never a limit computed from it la
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -129,6 +130,60 @@ class PolicyConfig:
 
 
 POLICY_NAMES = ("kuscale", "kuscale-2022", "static", "vpa", "autothrottle")
+GPU_LAYERS = ("none", "vgpu")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLayerConfig:
+    """What a Kubernetes node's device plugin gives each container for the GPU layer.
+
+    With `vgpu`, every container given tokens gets a vGPU directory of its own under `root`
+    (a host path, which the agent sees at the same path), mounted at `container_dir`; with
+    `hook_library` (Gemini's `libgemhook.so.1` on the host) it is preloaded into the
+    container and named to Gemini by its vGPU id; `pod_manager` is Gemini's pod manager.
+    """
+
+    kind: str = "none"
+    gpus: int = 1
+    root: str = "/var/lib/kuscale/vgpu"
+    container_dir: str = "/var/run/kuscale/vgpu"
+    hook_library: str = ""
+    pod_manager: str = ""
+    """HOST:PORT, given to the hook as POD_MANAGER_IP and POD_MANAGER_PORT."""
+    env: dict[str, str] = field(default_factory=dict)
+    """More environment for every container given tokens."""
+
+    def validate(self) -> GpuLayerConfig:
+        if self.kind not in GPU_LAYERS:
+            raise ConfigError(f"gpu_layer.kind {self.kind!r} is not one of {', '.join(GPU_LAYERS)}")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ConfigError(f"gpu_layer.gpus must be a positive integer, got {self.gpus!r}")
+        for key in ("root", "container_dir", "hook_library"):
+            _require_path(f"gpu_layer.{key}", getattr(self, key), optional=key == "hook_library")
+        self.pod_manager_address()
+        if not isinstance(self.env, dict) or not all(
+            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str)
+            for k, v in self.env.items()
+        ):
+            raise ConfigError("gpu_layer.env must map variable names to strings")
+        return self
+
+    def pod_manager_address(self) -> tuple[str, int] | None:
+        if not self.pod_manager:
+            return None
+        host, _, port = str(self.pod_manager).rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"gpu_layer.pod_manager must be HOST:PORT, got {self.pod_manager!r}")
+        return host, int(port)
+
+
+def _require_path(key: str, value: object, optional: bool = False) -> None:
+    """An absolute path with no `..`: these name host directories mounted into pods."""
+    if optional and value == "":
+        return
+    if not isinstance(value, str) or not value.startswith("/") or ".." in value.split("/"):
+        raise ConfigError(f"{key} must be an absolute path without '..', got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +196,7 @@ class AgentConfig:
     """Also set cpu.shares (v2: cpu.weight) in proportion to tokens, so the kernel shares a
     full node inside a period the way the node stage shares it across periods."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    gpu_layer: GpuLayerConfig = field(default_factory=GpuLayerConfig)
 
     def validate(self) -> AgentConfig:
         _require_finite("agent.period", self.period, positive=True)
@@ -160,6 +216,7 @@ class AgentConfig:
         if not 1 <= self.window <= 10_000:
             raise ConfigError(f"agent.window must be between 1 and 10000, got {self.window}")
         self.policy_config.validate()
+        self.gpu_layer.validate()
         return self
 
 
@@ -206,13 +263,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
 def config_from_mapping(
     data: dict[str, Any], where: str, overrides: dict[str, Any] | None = None
 ) -> AgentConfig:
-    """The config file's tables ([agent], [policy], [resources.*], [baselines]) from any
-    source, so a scenario can carry the same settings as the agent's TOML."""
+    """The config file's tables ([agent], [policy], [resources.*], [baselines], [gpu_layer])
+    from any source, so a scenario can carry the same settings as the agent's TOML."""
     data = dict(data)
     agent_table = _take_table(data, "agent", where)
     policy_table = _take_table(data, "policy", where)
     resources_table = _take_table(data, "resources", where)
     baselines_table = _take_table(data, "baselines", where)
+    gpu_layer_table = _take_table(data, "gpu_layer", where)
     if data:
         raise ConfigError(f"{where}: unknown section(s): {', '.join(sorted(data))}")
     policy = _apply(PolicyConfig(), policy_table, "policy", skip=("cpu", "gpu", "baselines"))
@@ -222,8 +280,11 @@ def config_from_mapping(
             raise ConfigError(f"{where}: [resources.{name}] is not a known resource table")
         current = getattr(policy, name)
         policy = replace(policy, **{name: _apply(current, table, f"resources.{name}")})
-    agent: AgentConfig = _apply(AgentConfig(), agent_table, "agent", skip=("policy_config",))
-    agent = replace(agent, policy_config=policy)
+    agent: AgentConfig = _apply(
+        AgentConfig(), agent_table, "agent", skip=("policy_config", "gpu_layer")
+    )
+    gpu_layer = _apply(GpuLayerConfig(), gpu_layer_table, "gpu_layer")
+    agent = replace(agent, policy_config=policy, gpu_layer=gpu_layer)
     if overrides:
         agent = replace(agent, **{k: v for k, v in overrides.items() if v is not None})
     try:

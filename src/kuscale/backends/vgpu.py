@@ -72,9 +72,9 @@ class VgpuLayer:
 
     def remove(self, vgpu_id: str) -> None:
         directory = self._dir(vgpu_id)
-        for name in (TOTAL_RUNTIME, GPU_LIMIT, GPU_REQUEST):
-            (directory / name).unlink(missing_ok=True)
         try:
+            for name in (TOTAL_RUNTIME, GPU_LIMIT, GPU_REQUEST):
+                (directory / name).unlink(missing_ok=True)
             directory.rmdir()
         except FileNotFoundError:
             pass

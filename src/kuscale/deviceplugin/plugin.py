@@ -18,8 +18,10 @@ from pathlib import Path
 
 import grpc
 
+from kuscale.backends.base import BackendError
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin import api_pb2_grpc as rpc
+from kuscale.deviceplugin.gpulayer import VgpuAllocator, token_id
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +45,18 @@ def node_tokens(cores: float, gpus: int, cpu_price: float, gpu_price: float) -> 
 class TokenPlugin(rpc.DevicePluginServicer):
     """The `DevicePlugin` service over `tokens` identical, always healthy devices."""
 
-    def __init__(self, tokens: int, on_allocate: Allocated | None = None) -> None:
+    def __init__(
+        self,
+        tokens: int,
+        on_allocate: Allocated | None = None,
+        gpu: VgpuAllocator | None = None,
+    ) -> None:
         if tokens <= 0:
             raise ValueError(f"a node must advertise at least one token, got {tokens}")
-        self.ids = [f"token-{i}" for i in range(tokens)]
+        self.ids = [token_id(i) for i in range(tokens)]
         self._known = set(self.ids)
         self._on_allocate = on_allocate
+        self._gpu = gpu
         self.stopping = threading.Event()
 
     def GetDevicePluginOptions(  # noqa: N802 (the API's method names)
@@ -83,18 +91,33 @@ class TokenPlugin(rpc.DevicePluginServicer):
         for wanted in request.container_requests:
             ids = list(wanted.devices_ids)
             unknown = sorted(set(ids) - self._known)
-            if unknown or len(set(ids)) != len(ids):
+            if unknown or not ids or len(set(ids)) != len(ids):
                 log.warning("refused an allocation of tokens %s: not this node's", ids)
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"tokens {unknown or ids} are not distinct tokens of this node "
                     f"({len(self.ids)} exist)",
                 )
-            answers.append(api.ContainerAllocateResponse(envs={TOKENS_ENV: str(len(ids))}))
+            answer = self._gpu_answer(ids, context)
+            answer.envs[TOKENS_ENV] = str(len(ids))
+            answers.append(answer)
             log.info("allocated %d tokens to a container", len(ids))
             if self._on_allocate is not None:
                 self._on_allocate(ids)
         return api.AllocateResponse(container_responses=answers)
+
+    def _gpu_answer(
+        self, ids: list[str], context: grpc.ServicerContext
+    ) -> api.ContainerAllocateResponse:
+        """The GPU layer's part of the answer; a container whose vGPU cannot be made is not
+        started without it (the kubelet retries the pod)."""
+        if self._gpu is None:
+            return api.ContainerAllocateResponse()
+        try:
+            return self._gpu.allocate(ids)
+        except BackendError as err:
+            log.error("cannot make a vGPU for tokens %s: %s", ids[:3], err)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the vGPU layer failed: {err}")
 
     def PreStartContainer(  # noqa: N802
         self, request: api.PreStartContainerRequest, context: grpc.ServicerContext

@@ -1,6 +1,7 @@
 """The agent on a Kubernetes node: the token device plugin, discovery and the monitor.
 
-The device plugin advertises the node's tokens so the scheduler places pods by them;
+The device plugin advertises the node's tokens so the scheduler places pods by them, and
+on a node with the vGPU layer gives each container a vGPU as the kubelet allocates it;
 discovery finds the pods that were given tokens and their cgroups; the monitor scales what
 they were given, writing each pod's own cgroups (never a QoS slice) or, with `resize`,
 asking the API server for an in-place resize, and gives back what it changed when the pod
@@ -21,7 +22,9 @@ from kuscale.actuators.cgroup import CgroupActuator
 from kuscale.actuators.resize import ResizeActuator
 from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig
+from kuscale.deviceplugin.gpulayer import VgpuAllocator
 from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.kubernetes.apiserver import NodePods
@@ -53,15 +56,14 @@ class KubernetesAgent(AgentLoop):
     ) -> None:
         self.cgroups = cgroups or detect()
         self.listeners = list(listeners)
+        layer = config.gpu_layer
+        vgpus = VgpuLayer(Path(layer.root), layer.gpus) if layer.kind == "vgpu" else None
         self.monitor = Monitor(
             self.cgroups,
-            None,
+            vgpus,
             config,
             on_tick=self._on_tick,
             actuator=ResizeActuator(core) if resize else CgroupActuator(self.cgroups),
-        )
-        self.plugin = (
-            DevicePluginServer(TokenPlugin(tokens), kubelet.device_plugins) if tokens else None
         )
         self.discovery = KubernetesDiscovery(
             NodePods(core, node),
@@ -69,7 +71,16 @@ class KubernetesAgent(AgentLoop):
             self.monitor.submit,
             interval=config.period,
             pod_resources_socket=kubelet.pod_resources,
+            vgpus=vgpus is not None,
         )
+        self.plugin = None
+        if tokens:
+            plugin = TokenPlugin(
+                tokens,
+                on_allocate=lambda _ids: self.discovery.wake(),
+                gpu=VgpuAllocator(layer, vgpus) if vgpus is not None else None,
+            )
+            self.plugin = DevicePluginServer(plugin, kubelet.device_plugins)
 
     def _on_tick(self, snapshot: dict[str, Any]) -> None:
         for listener in self.listeners:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kuscale.backends.base import CpuBackend
+from kuscale.deviceplugin.gpulayer import vgpu_id_for
 from kuscale.kubernetes.apiserver import NodePods, join
 from kuscale.kubernetes.cgroups import Driver, ResolutionError, detect_driver, resolve
 from kuscale.kubernetes.podresources import PodResourcesError, list_token_holders
@@ -32,15 +33,19 @@ class KubernetesDiscovery:
         submit: Callable[[Event], None],
         interval: float,
         pod_resources_socket: Path,
+        vgpus: bool = False,
     ) -> None:
         self.pods = pods
         self.tree = tree
         self.submit = submit
         self.interval = interval
         self.socket = pod_resources_socket
+        self.vgpus = vgpus
+        """True on a node with the vGPU layer: every pod holding tokens has a vGPU."""
         self._driver: Driver | None = None
         self._known: dict[str, PodSpec] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._threads = [
             threading.Thread(
                 target=self.pods.run, args=(self._stop,), name="k8s-pods", daemon=True
@@ -66,6 +71,7 @@ class KubernetesDiscovery:
                     cgroup=cgroups.pod,
                     uid=view.uid,
                     containers=cgroups.containers,
+                    vgpu_id=vgpu_id_for(holder.container_tokens[0]) if self.vgpus else None,
                 )
             except (ResolutionError, InvalidSpec) as err:
                 log.info(
@@ -92,7 +98,13 @@ class KubernetesDiscovery:
                 self.scan()
             except (PodResourcesError, ResolutionError) as err:
                 log.warning("discovery pass failed: %s; trying again", err)
-            self._stop.wait(self.interval)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Look again now: the device plugin has just given a container tokens, so its pod
+        will soon be listed (thread-safe; the device plugin's threads call it)."""
+        self._wake.set()
 
     def start(self) -> None:
         for thread in self._threads:
@@ -100,5 +112,6 @@ class KubernetesDiscovery:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         for thread in self._threads:
             thread.join(timeout=5)

@@ -29,6 +29,8 @@ class TokenHolder:
     tokens: int
     containers: tuple[str, ...]
     """The containers that were given tokens."""
+    container_tokens: tuple[tuple[str, ...], ...]
+    """The token IDs each of those containers was given, in the same order."""
 
 
 def token_holders(response: api.ListPodResourcesResponse) -> list[TokenHolder]:
@@ -36,6 +38,7 @@ def token_holders(response: api.ListPodResourcesResponse) -> list[TokenHolder]:
     for pod in response.pod_resources:
         ids: set[str] = set()
         containers = []
+        given_ids = []
         for container in pod.containers:
             given = {
                 i
@@ -45,9 +48,12 @@ def token_holders(response: api.ListPodResourcesResponse) -> list[TokenHolder]:
             }
             if given:
                 containers.append(container.name)
+                given_ids.append(tuple(sorted(given)))
                 ids |= given
         if ids:
-            holders.append(TokenHolder(pod.namespace, pod.name, len(ids), tuple(containers)))
+            holders.append(
+                TokenHolder(pod.namespace, pod.name, len(ids), tuple(containers), tuple(given_ids))
+            )
     return holders
 
 
