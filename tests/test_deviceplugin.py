@@ -222,7 +222,8 @@ def allocate(server: DevicePluginServer, ids: list[str]) -> api.ContainerAllocat
         answer = rpc.DevicePluginStub(channel).Allocate(
             api.AllocateRequest(container_requests=[wanted]), timeout=5
         )
-    return answer.container_responses[0]
+    response: api.ContainerAllocateResponse = answer.container_responses[0]
+    return response
 
 
 def test_allocate_gives_a_fresh_vgpu_mounted_with_the_gemini_hooks_variables(

@@ -60,7 +60,8 @@ def kubelet_tree(root: Path) -> tuple[Path, Path]:
     for cgroup in (POD_CGROUP, CONTAINER_CGROUP):
         write_files(root / "cpu" / cgroup, V1_CPU_FILES)
         write_files(root / "cpuacct" / cgroup, V1_CPUACCT_FILES)
-    return tuple(root / "cpu" / c / "cpu.cfs_quota_us" for c in (POD_CGROUP, CONTAINER_CGROUP))
+    quota = "cpu.cfs_quota_us"
+    return root / "cpu" / POD_CGROUP / quota, root / "cpu" / CONTAINER_CGROUP / quota
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
