@@ -185,15 +185,12 @@ class Monitor:
         except CgroupGone as err:
             pod.status = PodStatus.NOT_READY
             pod.reason = str(err)
-            event(
-                log,
+            self._pod_event(
+                spec,
                 logging.INFO,
                 "not_ready",
                 "pod %s not ready: %s",
-                spec.key,
                 err,
-                pod=spec.name,
-                namespace=spec.namespace,
                 reason=str(err),
             )
         except BackendError as err:
@@ -202,15 +199,12 @@ class Monitor:
             pod.reason = str(err)
 
     def _refuse(self, pod: PodState, reason: str) -> None:
-        event(
-            log,
+        self._pod_event(
+            pod.spec,
             logging.WARNING,
             "refused",
             "pod %s refused: %s",
-            pod.key,
             reason,
-            pod=pod.spec.name,
-            namespace=pod.spec.namespace,
             reason=reason,
         )
         self.registry.complete(pod.key, PodStatus.REFUSED, reason)
@@ -248,17 +242,14 @@ class Monitor:
         minimums = self.config.policy_config.minimums()
         for resource, state in pod.resources.items():
             self._write(pod, resource, state, max(initial, float(minimums[resource])))
-        event(
-            log,
+        self._pod_event(
+            spec,
             logging.INFO,
             "adopted",
             "pod %s adopted with %d tokens (cgroup %s%s)",
-            spec.key,
             spec.tokens,
             spec.cgroup,
             f", vGPU {spec.vgpu_id}" if spec.vgpu_id else "",
-            pod=spec.name,
-            namespace=spec.namespace,
             tokens=spec.tokens,
             cgroup=spec.cgroup,
             vgpu_id=spec.vgpu_id,
@@ -280,15 +271,12 @@ class Monitor:
         return min(INITIAL_LIMIT, spec.tokens / cost)
 
     def _complete(self, pod: PodState, reason: str) -> None:
-        event(
-            log,
+        self._pod_event(
+            pod.spec,
             logging.INFO,
             "completed",
             "pod %s completed: %s",
-            pod.key,
             reason,
-            pod=pod.spec.name,
-            namespace=pod.spec.namespace,
             reason=reason,
             updates=pod.updated_count,
         )
@@ -306,17 +294,31 @@ class Monitor:
         except BackendError as err:
             self._count_error(pod, err)
 
-    def _count_error(self, pod: PodState, err: BackendError) -> None:
-        self.stats.errors[err.kind] += 1
+    @staticmethod
+    def _pod_event(
+        spec: PodSpec, level: int, name: str, message: str, *args: Any, **fields: Any
+    ) -> None:
+        """An event about one pod: `message` starts with `pod %s`, filled with its key."""
         event(
             log,
+            level,
+            name,
+            message,
+            spec.key,
+            *args,
+            pod=spec.name,
+            namespace=spec.namespace,
+            **fields,
+        )
+
+    def _count_error(self, pod: PodState, err: BackendError) -> None:
+        self.stats.errors[err.kind] += 1
+        self._pod_event(
+            pod.spec,
             logging.WARNING,
             "actuation_error",
             "pod %s: %s",
-            pod.key,
             err,
-            pod=pod.spec.name,
-            namespace=pod.spec.namespace,
             kind=err.kind,
             error=str(err),
         )
@@ -382,14 +384,11 @@ class Monitor:
             busy_gpu is not None and previous_gpu is not None and busy_gpu < previous_gpu
         ):
             self.stats.errors["backwards"] += 1
-            event(
-                log,
+            self._pod_event(
+                spec,
                 logging.WARNING,
                 "counter_backwards",
                 "pod %s: a counter went backwards; taking a new baseline",
-                pod.key,
-                pod=spec.name,
-                namespace=spec.namespace,
             )
             return None
         wall_ns = elapsed * 1e9
@@ -482,33 +481,27 @@ class Monitor:
         """Actuate one limit; on failure the pod keeps (and is charged for) the old one."""
         if not math.isfinite(limit) or limit <= 0:
             self.stats.errors["invalid"] += 1
-            event(
-                log,
+            self._pod_event(
+                pod.spec,
                 logging.ERROR,
                 "invalid_limit",
                 "pod %s: policy gave %s limit %r; not written",
-                pod.key,
                 resource.label,
                 limit,
-                pod=pod.spec.name,
-                namespace=pod.spec.namespace,
                 resource=resource.label,
                 limit=repr(limit),
             )
             return
         ceiling = self._ceilings[resource]
         if limit > ceiling:
-            event(
-                log,
+            self._pod_event(
+                pod.spec,
                 logging.INFO,
                 "clamped",
                 "pod %s: %s limit %.1f clamped to the node's %.1f",
-                pod.key,
                 resource.label,
                 limit,
                 ceiling,
-                pod=pod.spec.name,
-                namespace=pod.spec.namespace,
                 resource=resource.label,
                 limit=limit,
                 ceiling=ceiling,
