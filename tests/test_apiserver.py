@@ -145,7 +145,7 @@ def wait_for(condition: Any, timeout: float = 10.0) -> None:
 def test_the_list_gives_this_nodes_pods_with_uid_qos_and_containers(
     node_pods: NodePods,
 ) -> None:
-    expected = PodView("ml", "trainer", UID, "Burstable", (f"containerd://{DIGEST}",))
+    expected = PodView("ml", "trainer", UID, "Burstable", (f"containerd://{DIGEST}",), 1)
     assert node_pods.get("ml", "trainer") == expected
     assert node_pods.get("ml", "elsewhere") is None
 
@@ -153,7 +153,7 @@ def test_the_list_gives_this_nodes_pods_with_uid_qos_and_containers(
 def test_watch_events_keep_the_view_current(apiserver: FakeApiServer, node_pods: NodePods) -> None:
     apiserver.events.put({"type": "ADDED", "object": pod("fresh", version=6, started=False)})
     wait_for(lambda: node_pods.get("ml", "fresh") is not None)
-    assert node_pods.get("ml", "fresh") == PodView("ml", "fresh", UID, "Burstable", ())
+    assert node_pods.get("ml", "fresh") == PodView("ml", "fresh", UID, "Burstable", (), 1)
     apiserver.events.put({"type": "DELETED", "object": pod("trainer", version=7)})
     wait_for(lambda: node_pods.get("ml", "trainer") is None)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
-from test_apiserver import DIGEST, UID, FakeApiServer, write_kubeconfig
+from test_apiserver import DIGEST, UID, FakeApiServer, pod, write_kubeconfig
 from test_podresources import container, serving
 
 from kuscale.backends.cgroup import CgroupV1
@@ -28,6 +28,8 @@ from kuscale.deviceplugin import api_pb2_grpc as plugin_rpc
 from kuscale.kubernetes import podresources_pb2 as api
 from kuscale.kubernetes import podresources_pb2_grpc as rpc
 from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
+from kuscale.kubernetes.apiserver import NodePods
+from kuscale.kubernetes.discovery import KubernetesDiscovery
 from kuscale.model import PodStatus
 
 POD_CGROUP = f"kubepods/burstable/pod{UID}"
@@ -182,3 +184,28 @@ def test_allocate_makes_the_vgpu_that_discovery_then_scales(
         apiserver.server.shutdown()
         shutil.rmtree(plugins, ignore_errors=True)
     assert (vgpu / "gpu_limit").read_text() == "1000"
+
+
+def test_a_pod_is_taken_up_only_once_all_its_containers_have_started(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    kubelet_tree(tmp_path)
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    apiserver.pods = [pod("trainer", started=False)]
+    node_pods = NodePods(apiserver.core, "n1")
+    discovery = KubernetesDiscovery(
+        node_pods,
+        CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct"),
+        lambda _event: None,
+        interval=1.0,
+        pod_resources_socket=pod_resources,
+    )
+    try:
+        node_pods.sync()
+        assert discovery.specs() == {}
+        apiserver.pods = [pod("trainer")]
+        node_pods.sync()
+        assert list(discovery.specs()) == ["ml/trainer"]
+    finally:
+        apiserver.server.shutdown()

@@ -36,6 +36,13 @@ class PodView:
     qos: str
     container_ids: tuple[str, ...]
     """`runtime://id` of each container that has started."""
+    declared: int
+    """How many containers the pod's spec declares."""
+
+    @property
+    def started(self) -> bool:
+        """Every container has been created: its cgroup is where the runtime put it."""
+        return len(self.container_ids) >= self.declared
 
 
 def core_api(kubeconfig: Path | None = None) -> client.CoreV1Api:
@@ -57,6 +64,7 @@ def pod_view(pod: Any) -> PodView:
         uid=pod.metadata.uid,
         qos=(status.qos_class if status is not None else None) or "",
         container_ids=tuple(s.container_id for s in statuses if s.container_id),
+        declared=len(pod.spec.containers or []) if pod.spec is not None else 0,
     )
 
 

@@ -4,7 +4,9 @@ Each pass asks the kubelet which pods hold tokens (a local gRPC call), joins the
 API server's view (kept current by its own watch, never polled), resolves each pod's cgroup,
 and announces what is new, changed or gone. Like local discovery it only puts events on the
 monitor's queue; a pod it cannot place yet is skipped with a log line and tried again on the
-next pass.
+next pass. A pod is taken up only once all its containers have started: under cgroup v1 the
+kernel refuses a container's own quota above its pod's, so a container created while its pod
+is held below that container's `limits.cpu` would fail to start.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ class KubernetesDiscovery:
             self._driver = detect_driver(self.tree)
         found = {}
         for holder, view in join(holders, self.pods):
+            if not view.started:
+                log.info(
+                    "pod %s/%s holds tokens but not all its containers have started; later",
+                    holder.namespace,
+                    holder.name,
+                )
+                continue
             try:
                 cgroups = resolve(
                     self.tree, view.uid, view.qos, list(view.container_ids), self._driver
