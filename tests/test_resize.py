@@ -128,6 +128,7 @@ def test_the_limit_is_split_by_declared_limits_above_requests_and_given_back(
     for monitor in managed(api, cgroups):
         pod = monitor.registry.running["ml/trainer"]
         assert pod.status is PodStatus.RUNNING
+        assert monitor.snapshot()["actuator"] == "resize"
         (first,) = api.patches
         assert first["path"] == POD_PATH + "/resize"
         assert first["type"] == "application/strategic-merge-patch+json"

@@ -396,9 +396,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info(
-        "agent running on node %s: %s, policy %s, period %.3g s%s",
+        "agent running on node %s: %s through the %s actuator, policy %s, period %.3g s%s",
         args.node_name,
         agent.cgroups.mode,
+        agent.monitor.actuator.mode,
         config.policy,
         config.period,
         " (monitor only)" if config.monitor_only else "",

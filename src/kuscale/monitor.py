@@ -601,6 +601,7 @@ class Monitor:
         return {
             "time": time.time(),
             "mode": self.cpu.mode,
+            "actuator": self.actuator.mode,
             "gpu_mode": self.gpu.mode if self.gpu else None,
             "policy": self.policy.name,
             "period": self.config.period,
