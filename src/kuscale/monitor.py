@@ -409,20 +409,20 @@ class Monitor:
         throttled = [min(max(throttled_periods / periods, 0.0), 1.0) if periods > 0 else 0.0, 0.0]
         threshold = self._pinned_at
         uses = [0.0, 0.0]
-        held = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        previous = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         for index, state in pod.resources.items():
             uses[index] = 1.0
-            held[index] = state.limit
-            held[2 + index] = state.avg_usage
-            held[4 + index] = state.demand
-            held[6 + index] = state.spread
-            held[8 + index] = state.usage
+            previous[index] = state.limit
+            previous[2 + index] = state.avg_usage
+            previous[4 + index] = state.demand
+            previous[6 + index] = state.spread
+            previous[8 + index] = state.usage
             pinned = pinned_counts[index] and usage[index] >= threshold * state.limit
             starved[index] = starved[index] or pinned
         if starved[1]:
             throttled[1] = 1.0
         row = [elapsed, float(spec.tokens), pod.token_queue, *usage]
-        row += [float(starved[0]), float(starved[1]), *throttled, *uses, *held]
+        row += [float(starved[0]), float(starved[1]), *throttled, *uses, *previous]
         return _Measured(pod, row)
 
     def _decide(self, measured: list[_Measured]) -> None:
@@ -511,17 +511,17 @@ class Monitor:
         if self.config.monitor_only:
             state.limit = limit
             return
-        held = limit
+        charged = limit
         if resource is Resource.CPU and pod.held is not None:
-            held = self.actuator.quantize(pod.held, limit)
-        if state.changed and 0.0 <= held - state.limit < WRITE_RESOLUTION:
+            charged = self.actuator.quantize(pod.held, limit)
+        if state.changed and 0.0 <= charged - state.limit < WRITE_RESOLUTION:
             return
         try:
             self._actuate(pod, resource, limit)
         except BackendError as err:
             self._count_error(pod, err)
             return
-        state.limit = held
+        state.limit = charged
         state.changed = True
 
     def _actuate(self, pod: PodState, resource: Resource, limit: float) -> None:
