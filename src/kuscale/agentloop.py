@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 from kuscale.monitor import Monitor, Stop
 
@@ -12,7 +14,13 @@ class AgentLoop(ABC):
     """`run` blocks until a Stop; `start`/`stop` run it in a thread (tests, the demo)."""
 
     monitor: Monitor
+    listeners: list[Callable[[dict[str, Any]], None]]
+    """Called with every tick's snapshot (the exporter, a recorder)."""
     _thread: threading.Thread | None = None
+
+    def _on_tick(self, snapshot: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener(snapshot)
 
     @abstractmethod
     def run(self) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 
 from kubernetes import client
 
-from kuscale.actuators.cgroup import CgroupActuator
 from kuscale.actuators.resize import ResizeActuator
 from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
@@ -63,7 +62,7 @@ class KubernetesAgent(AgentLoop):
             vgpus,
             config,
             on_tick=self._on_tick,
-            actuator=ResizeActuator(core) if resize else CgroupActuator(self.cgroups),
+            actuator=ResizeActuator(core) if resize else None,
         )
         self.discovery = KubernetesDiscovery(
             NodePods(core, node),
@@ -81,10 +80,6 @@ class KubernetesAgent(AgentLoop):
                 gpu=VgpuAllocator(layer, vgpus) if vgpus is not None else None,
             )
             self.plugin = DevicePluginServer(plugin, kubelet.device_plugins)
-
-    def _on_tick(self, snapshot: dict[str, Any]) -> None:
-        for listener in self.listeners:
-            listener(snapshot)
 
     def run(self) -> None:
         if self.plugin is not None:

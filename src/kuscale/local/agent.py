@@ -47,8 +47,7 @@ class LocalAgent(AgentLoop):
             self.state.write_status(snapshot)
         except OSError as err:
             log.warning("cannot write %s: %s", self.state.status, err)
-        for listener in self.listeners:
-            listener(snapshot)
+        super()._on_tick(snapshot)
 
     def _on_completed(self, pod: PodState) -> None:
         try:
