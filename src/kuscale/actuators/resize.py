@@ -76,10 +76,10 @@ class ResizeActuator:
 
     def write(self, spec: PodSpec, held: Held, limit: float) -> None:
         milli = self._split(held, limit)
-        self._patch(spec, {c.name: f"{m}m" for c, m in zip(held.containers, milli, strict=True)})
+        self._patch(spec, {c.name: m for c, m in zip(held.containers, milli, strict=True)})
 
     def release(self, spec: PodSpec, held: Held) -> None:
-        declared = {c.name: _quantity(c.limit or 0.0) for c in held.containers}
+        declared = {c.name: round((c.limit or 0.0) * MILLI_PER_PERCENT) for c in held.containers}
         try:
             self._patch(spec, declared)
         except CgroupGone:
@@ -100,12 +100,12 @@ class ResizeActuator:
             for c, share in zip(held.containers, declared, strict=True)
         ]
 
-    def _patch(self, spec: PodSpec, limits: dict[str, str]) -> None:
+    def _patch(self, spec: PodSpec, millicores: dict[str, int]) -> None:
         body = {
             "spec": {
                 "containers": [
-                    {"name": name, "resources": {"limits": {"cpu": cpu}}}
-                    for name, cpu in limits.items()
+                    {"name": name, "resources": {"limits": {"cpu": f"{milli}m"}}}
+                    for name, milli in millicores.items()
                 ]
             }
         }
@@ -148,10 +148,6 @@ def _container_limit(container: Any) -> ContainerLimit:
     return ContainerLimit(
         container.name, cpu_percent(limits["cpu"]), cpu_percent(requests.get("cpu", 0))
     )
-
-
-def _quantity(percent: float) -> str:
-    return f"{round(percent * MILLI_PER_PERCENT)}m"
 
 
 def _reason(err: ApiException) -> str:

@@ -79,7 +79,8 @@ class TokenPlugin(rpc.DevicePluginServicer):
         answers = []
         for wanted in request.container_requests:
             chosen = list(wanted.must_include_deviceIDs)
-            rest = [i for i in wanted.available_deviceIDs if i not in set(chosen)]
+            included = set(chosen)
+            rest = [i for i in wanted.available_deviceIDs if i not in included]
             chosen += rest[: max(wanted.allocation_size - len(chosen), 0)]
             answers.append(api.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return api.PreferredAllocationResponse(container_responses=answers)
