@@ -58,12 +58,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+SIM_POLICIES = (*POLICY_NAMES, "oracle")
+"""The simulator's rules: the agent's, and the clairvoyant bound."""
+
+
 def _policies(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in POLICY_NAMES]
+    unknown = [name for name in names if name not in SIM_POLICIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown policy {', '.join(unknown) or text!r}; choose from {', '.join(POLICY_NAMES)}"
+            f"unknown policy {', '.join(unknown) or text!r}; choose from {', '.join(SIM_POLICIES)}"
         )
     return list(dict.fromkeys(names))
 
@@ -228,8 +232,8 @@ def _add_sim_parser(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--policy",
         type=_policies,
-        default=list(POLICY_NAMES),
-        help=f"P[,P...] from {', '.join(POLICY_NAMES)} (default: all)",
+        default=list(SIM_POLICIES),
+        help=f"P[,P...] from {', '.join(SIM_POLICIES)} (default: all)",
     )
     sim.add_argument("--seed", type=int, help="replace the scenario's seed")
     sim.add_argument("--duration", type=_seconds, help="replace the scenario's duration")
@@ -616,6 +620,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from kuscale.sim.located import ScenarioError
+    from kuscale.sim.oracle import OracleError
     from kuscale.sim.report import compare, plot_policy, table, write_json, write_report
     from kuscale.sim.scenario import load_scenario, shipped_names, shipped_path
 
@@ -635,7 +640,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if args.duration < scenario.period:
             raise CliError(f"--duration must be at least one period ({scenario.period:g} s)")
         scenario = replace(scenario, duration=args.duration)
-    comparison = compare(scenario, args.policy, console)
+    try:
+        comparison = compare(scenario, args.policy, console)
+    except OracleError as err:
+        raise CliError(str(err)) from None
+    if comparison.bound_note:
+        console.print(f"no oracle bound: {comparison.bound_note}")
     console.print(table(comparison))
     if args.json:
         write_json(comparison, args.json)

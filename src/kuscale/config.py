@@ -79,10 +79,15 @@ class PolicyConfig:
     ewma_weight: float = 1.0 / 8.0
     pin_tolerance: float = 0.05
     """Usage within this fraction of the limit counts as starved (pinned at the limit)."""
-    growth: float = 2.0
-    """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only)."""
-    damping: float = 0.7
-    """Share of the excess of the demand estimate over usage kept per quiet tick."""
+    growth: float = 16.0
+    """Factor the demand estimate of a starved pod grows by per tick (`kuscale` only). A
+    starved pod's demand is unknown, and every tick spent finding it is served below it:
+    the estimate leaps (from 10 % to a whole core in one tick), and the pod's budget, not the
+    step, bounds what it gets. Kernel weights keep the leap from starving anyone else."""
+    damping: float = 0.3
+    """Share of the excess of the demand estimate over usage kept per quiet tick. Once a pod
+    runs unthrottled its usage is its demand, so the leap's excess is shed within a few
+    ticks rather than paid for over tens."""
     noise_margin: float = 2.0
     """Spreads (EWMA of |usage − last usage|) a quiet pod's estimate stays above usage,
     so a noisy pod is not pinned by its own noise (`kuscale` only)."""
@@ -192,9 +197,10 @@ class AgentConfig:
     policy: str = "kuscale"
     monitor_only: bool = False
     window: int = 15
-    kernel_shares: bool = False
+    kernel_shares: bool = True
     """Also set cpu.shares (v2: cpu.weight) in proportion to tokens, so the kernel shares a
-    full node inside a period the way the node stage shares it across periods."""
+    full node by tokens inside every period. Then CPU limits carry only budgets and may add
+    up to more than the node has: CPU one pod leaves idle goes to a pod that starves."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     gpu_layer: GpuLayerConfig = field(default_factory=GpuLayerConfig)
 

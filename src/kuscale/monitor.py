@@ -131,6 +131,9 @@ class Monitor:
         self._ceilings: list[float] = self.capacity.tolist()
         self._pinned_at = 1.0 - config.policy_config.pin_tolerance
         self._prices = config.policy_config.prices()
+        self._weighted = np.array(
+            [config.kernel_shares and not config.monitor_only, False], dtype=np.bool_
+        )
         self._stopping = False
 
     # Events: the only way in from other threads.
@@ -453,6 +456,7 @@ class Monitor:
             keys=tuple(m.pod.key for m in measured),
             throttled=column("throttled"),
             spread=spread,
+            weighted=self._weighted,
         )
         decision = self.policy.decide(obs)
         pairs = (

@@ -46,6 +46,10 @@ class Observation:
     throttled: FloatArray | None = field(default=None)
     """Share of the pod's CFS periods in Δt that were throttled, per resource (the GPU's is
     1 where it was pinned at its limit); None where not measured."""
+    weighted: BoolArray | None = field(default=None)
+    """Per resource: True where the kernel shares it among pods by their tokens inside every
+    period (cpu.shares/cpu.weight from tokens), so limits may add up to more than the node
+    has without handing contended capacity to whoever holds the larger limit."""
 
     @property
     def size(self) -> int:

@@ -84,23 +84,34 @@ class KuscalePolicy:
         budget = obs.tokens + cfg.burst_factor * queue / obs.period
         available = obs.tokens * obs.period
         lower = np.broadcast_to(self.minimums, obs.usage.shape)
+        prices_each = np.broadcast_to(self.prices, obs.usage.shape)
         desired = solve_pods(
-            demand,
-            np.broadcast_to(self.prices, obs.usage.shape),
-            weights,
-            lower,
-            upper,
-            budget,
-            available,
-            obs.uses,
+            demand, prices_each, weights, lower, upper, budget, available, obs.uses
         )
-        limits = self.share_node(desired, demand, obs.tokens, obs.uses, obs.capacity)
+        free = np.minimum(self.free_spend(queue, obs.tokens, obs.period), budget)
+        if (free > 0).any():
+            generous = solve_pods(
+                demand, prices_each, weights, lower, upper, free, np.full(free.shape, np.inf), obs.uses
+            )
+            desired = np.maximum(desired, generous)
+        weighted = np.zeros(len(RESOURCES), dtype=bool) if obs.weighted is None else obs.weighted
+        limits = self.share_node(desired, demand, obs.tokens, obs.uses, obs.capacity, weighted)
         return Decision(
             limits=limits,
             weights=np.where(obs.uses, weights, 0.0),
             queue=queue,
             demand=np.where(obs.uses, demand, 0.0),
         )
+
+    def free_spend(self, queue: FloatArray, tokens: FloatArray, period: float) -> FloatArray:
+        """Tokens per second a pod can spend at no cost to its future: what would overflow
+        its token queue this period if it spent less, or all of its reservation when saved
+        credit can never be spent (burst factor 0). Holding limits up to that costs nothing,
+        so a pod holds them as headroom: use it or lose it."""
+        if self.config.burst_factor <= 0:
+            return tokens.copy()
+        cap = tokens * self.config.burst_seconds
+        return np.asarray(np.maximum(tokens - (cap - queue) / period, 0.0), dtype=np.float64)
 
     def share_node(
         self,
@@ -109,6 +120,7 @@ class KuscalePolicy:
         tokens: FloatArray,
         uses: BoolArray,
         capacity: FloatArray,
+        weighted: BoolArray,
     ) -> FloatArray:
         """Water-fill each resource the pods want more of than the node has: first what
         each pod is estimated to need, then the headroom above it, both by tokens.

@@ -1,6 +1,12 @@
 """How well a policy served a scenario: what users judge an autoscaler by, from one trace.
 
-- unmet demand: Σ max(0, demand − usage) / Σ demand, per resource, over every pod;
+- unmet demand: Σ max(0, demand − usage) / Σ demand, per resource, over every pod; and the
+  same with each pod weighted by its tokens (tokens are money: a rich pod's unmet counts more);
+- idle while starved: node capacity left unused in periods where some pod was short of its
+  demand by more than a point though its budget (reservation and the burst credit the rules
+  let it spend in that period) could have paid for the shortfall, over
+  capacity × periods: what a work-conserving node never does. A pod its budget holds back is
+  not counted: no policy within budgets could serve it;
 - slack: Σ max(0, limit − usage) / Σ limit, over the pods the policy managed;
 - budget overspend: tokens spent beyond a pod's reservation and the burst credit it had
   saved (the token queue, capped at `burst_seconds` of reservation), over all reservations;
@@ -12,6 +18,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +34,10 @@ INCREASE_RATIO = 1.2
 """...and at least this factor over the demand before it (noise is not an increase)."""
 CHANGE_RESOLUTION = 0.01
 OVERSPEND_TOLERANCE = 1e-6
+RULE_TOLERANCE = 1e-6
+STARVED_POINTS = 1.0
+"""A pod served this many percentage points below its demand, that could pay for them, is
+starved."""
 
 
 def evaluate(trace: Trace) -> dict[str, Any]:
@@ -37,16 +48,26 @@ def evaluate(trace: Trace) -> dict[str, Any]:
     demand = trace.demand.astype(np.float64)
     usage = trace.usage.astype(np.float64)
     managed = trace.alive & ~trace.refused
+    ledger = replay_queues(trace, limit)
+    headroom = np.maximum(ledger.allowance - ledger.spend, 0.0)
+    prices = scenario.config.policy_config.prices()
     result: dict[str, Any] = {}
     for resource in RESOURCES:
         uses = trace.uses[:, resource]
         if not uses.any():
-            result[resource.label] = {"unmet_demand_fraction": None, "slack_fraction": None}
+            result[resource.label] = dict.fromkeys(RESOURCE_METRICS)
             continue
         d, u, lim = demand[:, uses, resource], usage[:, uses, resource], limit[:, uses, resource]
         held = managed[:, uses]
         result[resource.label] = {
             "unmet_demand_fraction": _ratio(np.maximum(d - u, 0.0).sum(), d.sum()),
+            "token_weighted_unmet_fraction": _ratio(
+                (np.maximum(d - u, 0.0) * trace.tokens[uses]).sum(),
+                (d * trace.tokens[uses]).sum(),
+            ),
+            "idle_while_starved_fraction": idle_while_starved(
+                d, u, headroom[:, uses] / prices[resource], capacity[resource]
+            ),
             "slack_fraction": _ratio(
                 np.where(held, np.maximum(lim - u, 0.0), 0.0).sum(), np.where(held, lim, 0.0).sum()
             ),
@@ -55,7 +76,8 @@ def evaluate(trace: Trace) -> dict[str, Any]:
     pod_hours = trace.alive.sum() * scenario.period / 3600.0
     result.update(
         {
-            "budget_overspend_fraction": overspend_fraction(trace, limit),
+            "budget_overspend_fraction": ledger.overspend if trace.exact else None,
+            "within_rules": ledger.within_rules() if trace.exact else None,
             "reaction_seconds_median": _percentile(reactions, 50),
             "reaction_seconds_p95": _percentile(reactions, 95),
             "demand_increases": len(reactions),
@@ -69,6 +91,27 @@ def evaluate(trace: Trace) -> dict[str, Any]:
     return result
 
 
+RESOURCE_METRICS = (
+    "unmet_demand_fraction",
+    "token_weighted_unmet_fraction",
+    "idle_while_starved_fraction",
+    "slack_fraction",
+)
+
+
+def idle_while_starved(
+    demand: FloatArray, usage: FloatArray, affordable: FloatArray, capacity: float
+) -> float:
+    """Σ over periods with a starved pod of the node's unused capacity, / capacity·periods.
+
+    `affordable` is how many more percent each pod's budget could have bought in the period
+    (inf for unmanaged pods)."""
+    short = demand - usage
+    starved = ((short > STARVED_POINTS) & (affordable >= short)).any(axis=1)
+    idle = np.maximum(capacity - usage.sum(axis=1), 0.0)
+    return _ratio(float(idle[starved].sum()), capacity * demand.shape[0])
+
+
 def _ratio(part: float, whole: float) -> float:
     return float(part / whole) if whole > 0 else 0.0
 
@@ -77,24 +120,42 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def overspend_fraction(trace: Trace, limit: FloatArray) -> float:
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Every managed pod's tokens, replayed from the limits it held (per period and pod)."""
+
+    spend: FloatArray
+    """Tokens per second the limits held in the period cost: Σ_r p_r·L_r."""
+    allowance: FloatArray
+    """Tokens per second the rules allowed in the period: R + k·Q/T, Q the queue before it."""
+    overspend: float
+    """Tokens spent beyond reservations and saved credit, over all reservations."""
+
+    def within_rules(self) -> bool:
+        """True when no period spent beyond its allowance: the oracle's rules were kept."""
+        return bool((self.spend <= self.allowance * (1.0 + RULE_TOLERANCE) + RULE_TOLERANCE).all())
+
+
+def replay_queues(trace: Trace, limit: FloatArray) -> Ledger:
     """Replay every pod's token queue without the floor at 0: what falls below is overspend."""
     scenario = trace.scenario
-    prices = scenario.config.policy_config.prices()
+    config = scenario.config.policy_config
     managed = trace.alive & ~trace.refused
-    spend = (np.where(trace.uses[None], limit, 0.0) * prices).sum(axis=2) * scenario.period
+    rate = np.where(managed, (np.where(trace.uses[None], limit, 0.0) * config.prices()).sum(axis=2), 0.0)
     earned = trace.tokens * scenario.period
-    cap = trace.tokens * scenario.config.policy_config.burst_seconds
+    cap = trace.tokens * config.burst_seconds
     queue = np.zeros(trace.tokens.shape)
     over = np.zeros(trace.tokens.shape)
-    for tick in range(spend.shape[0]):
+    allowance = np.zeros(rate.shape)
+    for tick in range(rate.shape[0]):
         held = managed[tick]
-        queue = np.where(held, np.minimum(queue + earned - spend[tick], cap), queue)
+        allowance[tick] = np.where(held, trace.tokens + config.burst_factor * queue / scenario.period, np.inf)
+        queue = np.where(held, np.minimum(queue + earned - rate[tick] * scenario.period, cap), 0.0)
         short = np.where(queue < -OVERSPEND_TOLERANCE * earned, -queue, 0.0)
         over += short
         queue = np.maximum(queue, 0.0)
     budget = (managed.sum(axis=0) * earned).sum()
-    return _ratio(float(over.sum()), float(budget))
+    return Ledger(rate, allowance, _ratio(float(over.sum()), float(budget)))
 
 
 def limit_changes(limit: FloatArray, managed: np.ndarray, uses: np.ndarray) -> int:

@@ -16,6 +16,7 @@ from rich.table import Table
 from kuscale.model import RESOURCES
 from kuscale.plotting import plot_bars, plot_timeline
 from kuscale.sim.metrics import evaluate
+from kuscale.sim.oracle import ORACLE, OracleError, oracle_trace, token_weighted_bound
 from kuscale.sim.run import Trace, simulate
 from kuscale.sim.scenario import Scenario
 
@@ -29,6 +30,10 @@ class Comparison:
     scenario: Scenario
     metrics: dict[str, dict[str, Any]]
     traces: dict[str, Trace]
+    bound: dict[str, Any] | None = None
+    """The oracle's least unmet demand per resource (plain and token-weighted), or None."""
+    bound_note: str = ""
+    """Why there is no bound, when there is none."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -37,31 +42,81 @@ class Comparison:
             "pods": len(self.scenario.pods),
             "duration_seconds": self.scenario.duration,
             "period_seconds": self.scenario.period,
+            "oracle": self.bound if self.bound is not None else {"unavailable": self.bound_note},
             "policies": self.metrics,
         }
 
 
 def compare(scenario: Scenario, policies: list[str], console: Console) -> Comparison:
-    """Run each policy on one draw of demand, so differences are the policies' alone."""
+    """Run each policy on one draw of demand, so differences are the policies' alone, and
+    measure each against the oracle's bound on the same draw.
+
+    The oracle is solved even when it is not among `policies`, for the bound; only when it
+    is named does a scenario it cannot solve stop the comparison (OracleError)."""
     demand = scenario.demand()
     metrics: dict[str, dict[str, Any]] = {}
     traces: dict[str, Trace] = {}
     long_run = scenario.ticks * len(scenario.pods) > LONG_RUN_POD_TICKS
+    comparison = Comparison(scenario, metrics, traces)
+    try:
+        oracle = oracle_trace(scenario, demand)
+        comparison.bound = _bound(evaluate(oracle), token_weighted_bound(scenario, demand))
+    except OracleError as err:
+        if ORACLE in policies:
+            raise
+        comparison.bound_note = str(err)
     with Progress(console=console, transient=True, disable=not long_run) as progress:
         for name in policies:
-            task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
+            if name == ORACLE:
+                trace = oracle
+            else:
+                task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
 
-            def advance(done: int, task: TaskID = task) -> None:
-                progress.update(task, completed=done)
+                def advance(done: int, task: TaskID = task) -> None:
+                    progress.update(task, completed=done)
 
-            trace = simulate(scenario, name, demand, advance)
+                trace = simulate(scenario, name, demand, advance)
             traces[name] = trace
-            metrics[name] = evaluate(trace)
-    return Comparison(scenario, metrics, traces)
+            metrics[name] = _with_excess(evaluate(trace), comparison.bound)
+    return comparison
+
+
+def _bound(oracle: dict[str, Any], token_weighted: dict[str, float | None]) -> dict[str, Any]:
+    return {
+        "exact": oracle["budget_overspend_fraction"] is not None,
+        **{
+            r.label: {
+                "unmet_demand_fraction": oracle[r.label]["unmet_demand_fraction"],
+                "token_weighted_unmet_fraction": token_weighted[r.label],
+            }
+            for r in RESOURCES
+        },
+    }
+
+
+def _with_excess(metrics: dict[str, Any], bound: dict[str, Any] | None) -> dict[str, Any]:
+    """Each resource's unmet demand above the oracle's, in percentage points."""
+    for r in RESOURCES:
+        entry = metrics[r.label]
+        for key in ("unmet_demand_fraction", "token_weighted_unmet_fraction"):
+            best = None if bound is None else bound[r.label][key]
+            excess = None
+            if best is not None and entry[key] is not None:
+                excess = 100.0 * (entry[key] - best)
+            entry[key.replace("fraction", "excess_points")] = excess
+    return metrics
 
 
 def _fraction(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def _unmet(metrics: dict[str, Any], resource: str) -> str:
+    entry = metrics.get(resource, {})
+    unmet, excess = entry.get("unmet_demand_fraction"), entry.get("unmet_demand_excess_points")
+    if unmet is None or excess is None:
+        return _fraction(unmet)
+    return f"{_fraction(unmet)} ({excess:+.1f})"
 
 
 def _seconds(value: float | None) -> str:
@@ -71,10 +126,12 @@ def _seconds(value: float | None) -> str:
 Cell = Callable[[dict[str, Any]], str]
 
 COLUMNS: tuple[tuple[str, Cell], ...] = (
-    ("CPU unmet", lambda m: _fraction(m.get("cpu", {}).get("unmet_demand_fraction"))),
-    ("CPU slack", lambda m: _fraction(m.get("cpu", {}).get("slack_fraction"))),
-    ("GPU unmet", lambda m: _fraction(m.get("gpu", {}).get("unmet_demand_fraction"))),
-    ("GPU slack", lambda m: _fraction(m.get("gpu", {}).get("slack_fraction"))),
+    ("CPU unmet (vs oracle)", lambda m: _unmet(m, "cpu")),
+    ("CPU idle·starved", lambda m: _fraction(m["cpu"]["idle_while_starved_fraction"])),
+    ("CPU slack", lambda m: _fraction(m["cpu"]["slack_fraction"])),
+    ("GPU unmet (vs oracle)", lambda m: _unmet(m, "gpu")),
+    ("GPU idle·starved", lambda m: _fraction(m["gpu"]["idle_while_starved_fraction"])),
+    ("GPU slack", lambda m: _fraction(m["gpu"]["slack_fraction"])),
     ("overspend", lambda m: _fraction(m["budget_overspend_fraction"])),
     ("react p50", lambda m: _seconds(m["reaction_seconds_median"])),
     ("react p95", lambda m: _seconds(m["reaction_seconds_p95"])),

@@ -70,6 +70,8 @@ class Trace:
     usage: np.ndarray
     limit: np.ndarray
     decide_seconds_per_tick: float
+    exact: bool = True
+    """False for a bound solved in windows, whose limits need not be one policy's."""
 
 
 Progress = Callable[[int], None]

@@ -1,0 +1,304 @@
+"""`oracle`: the least unmet demand any policy could leave, as one linear program.
+
+The oracle knows every pod's demand for the whole run. It chooses each pod's limit L and
+what it is served s, every period, to maximise what is served, under exactly the rules the
+simulator and the metrics hold every policy to:
+
+- s ≤ demand, s ≤ L, and Σ_pods s ≤ the node's capacity, per resource and period (the
+  simulated kernel never serves more than the node has, nor a pod above its limit);
+- minimum ≤ L ≤ the per-pod cap (the configured max, never above the node);
+- the token queue: a pod starts with none; after each period Q' ≤ Q + R·T − Σ_r p_r·L_r·T
+  with 0 ≤ Q' ≤ R·burst_seconds, and in each period Σ_r p_r·L_r ≤ R + k·Q/T (the burst
+  factor k paces how fast saved credit is spent), so the pod never spends beyond its
+  reservation and saved credit;
+- pods that kuscale's admission refuses run unlimited, as they do under every policy.
+
+Any policy that keeps these rules is a feasible point of this program, so none can leave less
+demand unmet: the optimum is a bound. `kuscale`, `kuscale-2022` and `static` keep them by
+construction; `metrics.within_rules` checks any trace. A second program weighs each pod's served demand
+by its tokens, for the token-weighted figure.
+
+Long runs are cut into windows solved one after another. Each window lets the queue of a pod
+already running start anywhere in [0, cap]: that only loosens the program, so the sum of the
+windows' optima stays a bound (the window's queue is not carried over, so its limits need
+not be one policy's, and its overspend is not reported).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import sparse
+from scipy.optimize import linprog
+
+from kuscale.model import RESOURCES
+from kuscale.policy.base import BoolArray, FloatArray
+from kuscale.policy.default import KuscalePolicy
+from kuscale.sim.run import Trace
+from kuscale.sim.scenario import Scenario
+
+ORACLE = "oracle"
+WINDOW_CELLS = 150_000
+"""Pod-periods per resource in one linear program: a window of a longer run."""
+MAX_CELLS = 1_000_000
+"""Pod-periods per resource beyond which the oracle refuses: HiGHS would take too long here."""
+
+IntArray = NDArray[np.intp]
+
+
+class OracleError(RuntimeError):
+    """A scenario the oracle cannot solve; the message says which and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class OracleSolution:
+    """Limits (NaN where unlimited) and served demand, shaped like a trace: (ticks, pods, 2)."""
+
+    limit: FloatArray
+    served: FloatArray
+    refused: BoolArray
+    windows: int
+
+    @property
+    def exact(self) -> bool:
+        return self.windows == 1
+
+
+def admitted(scenario: Scenario) -> BoolArray:
+    """Which pods kuscale's admission takes, replayed in the monitor's order: at each tick
+    arrivals are admitted first, against the minimums of the pods still running, then the
+    pods whose end has come complete."""
+    policy = KuscalePolicy(scenario.config.policy_config)
+    capacity = np.array([scenario.cores * 100.0, scenario.gpus * 100.0])
+    minimums = scenario.config.policy_config.minimums()
+    pods = scenario.pods
+    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
+    result = np.zeros(len(pods), dtype=bool)
+    running: list[int] = []
+    order = sorted(range(len(pods)), key=lambda i: (pods[i].start, i))
+    arrived = 0
+    for now in scenario.times().tolist():
+        while arrived < len(order) and pods[order[arrived]].start <= now:
+            index = order[arrived]
+            arrived += 1
+            committed = (uses[running] * minimums).sum(axis=0)
+            if policy.admit(float(pods[index].tokens), uses[index], capacity, committed) is None:
+                result[index] = True
+                running.append(index)
+        running = [i for i in running if pods[i].end > now]
+    return result
+
+
+def solve_oracle(
+    scenario: Scenario, demand: FloatArray, token_weighted: bool = False
+) -> OracleSolution:
+    """The optimal limits for this demand; `token_weighted` weighs each pod by its tokens."""
+    times = scenario.times()
+    pods = scenario.pods
+    alive = (times[:, None] >= np.array([p.start for p in pods])) & (
+        times[:, None] < np.array([p.end for p in pods])
+    )
+    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
+    cells = int((alive[:, :, None] & uses[None]).sum())
+    if cells > MAX_CELLS:
+        raise OracleError(
+            f"scenario {scenario.name!r} has {cells} pod-periods to solve, more than the "
+            f"oracle's {MAX_CELLS}: shorten it with --duration or run fewer pods"
+        )
+    refused = ~admitted(scenario)
+    weights = np.array([p.tokens for p in pods], dtype=np.float64) if token_weighted else None
+    per_tick = max(1, int((alive[:, :, None] & uses[None]).sum(axis=(1, 2)).max()))
+    window = max(1, WINDOW_CELLS // per_tick)
+    limit = np.full(demand.shape, np.nan)
+    served = np.zeros(demand.shape)
+    bounds = range(0, len(times), window)
+    for first in bounds:
+        last = min(first + window, len(times))
+        program = _Program(scenario, demand[first:last], alive[first:last], uses, refused)
+        program.free_start = alive[first] & (np.array([p.start for p in pods]) < times[first])
+        limit[first:last], served[first:last] = program.solve(weights)
+    return OracleSolution(limit, served, refused, len(bounds))
+
+
+class _Program:
+    """One window's linear program. Variables: served s and limit L per (tick, pod,
+    resource) cell, the queue after each period of a managed pod, and a start queue in
+    [0, cap] for managed pods already running when the window opens."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        demand: FloatArray,
+        alive: BoolArray,
+        uses: BoolArray,
+        refused: BoolArray,
+    ) -> None:
+        self.scenario = scenario
+        self.demand = demand
+        self.alive = alive
+        self.uses = uses
+        self.refused = refused
+        self.free_start = np.zeros(alive.shape[1], dtype=bool)
+        self._lower: list[FloatArray] = []
+        self._upper: list[FloatArray] = []
+        self._size = 0
+
+    def _variables(self, mask: BoolArray, lower: FloatArray, upper: FloatArray) -> IntArray:
+        """Number a block of variables, one per True of `mask` (−1 elsewhere)."""
+        ids = np.full(mask.shape, -1, dtype=np.intp)
+        count = int(mask.sum())
+        ids[mask] = self._size + np.arange(count)
+        self._size += count
+        self._lower.append(np.broadcast_to(lower, mask.shape)[mask].astype(np.float64))
+        self._upper.append(np.broadcast_to(upper, mask.shape)[mask].astype(np.float64))
+        return ids
+
+    def solve(self, weights: FloatArray | None) -> tuple[FloatArray, FloatArray]:
+        """(limits, served) for this window; limits are NaN where unlimited or not alive."""
+        scenario = self.scenario
+        config = scenario.config.policy_config
+        capacity = np.array([scenario.cores * 100.0, scenario.gpus * 100.0])
+        managed = self.alive & ~self.refused[None]
+        cells = self.alive[:, :, None] & self.uses[None]
+        managed_cells = cells & managed[:, :, None]
+        cap = KuscalePolicy(config).upper_bounds(capacity)
+        minimum = np.minimum(config.minimums(), cap)
+        queue_cap = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
+        queue_cap = queue_cap * config.burst_seconds
+        served = self._variables(cells, np.zeros(1), self.demand)
+        limits = self._variables(managed_cells, minimum, cap)
+        queues = self._variables(managed, np.zeros(1), queue_cap)
+        starts = self._variables(self.free_start & ~self.refused, np.zeros(1), queue_cap)
+
+        rows = _Rows()
+        both = np.flatnonzero(managed_cells.ravel())
+        rows.add([served.ravel()[both], limits.ravel()[both]], [1.0, -1.0], np.zeros(both.size))
+        for resource in RESOURCES:
+            rows.sums(served[:, :, resource], capacity[resource])
+        tokens = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
+        period = scenario.period
+        before = np.full(queues.shape, -1, dtype=np.intp)
+        before[1:] = np.where(managed[:-1], queues[:-1], -1)
+        before[0] = starts
+        spend = config.prices() * period
+        pod_ticks = np.flatnonzero(managed.ravel())
+        columns = [queues.ravel()[pod_ticks], before.ravel()[pod_ticks]]
+        coefficients = [1.0, -1.0]
+        for resource in RESOURCES:
+            columns.append(limits[:, :, resource].ravel()[pod_ticks])
+            coefficients.append(float(spend[resource]))
+        earned = np.broadcast_to(tokens * period, managed.shape).ravel()[pod_ticks]
+        rows.add(columns, coefficients, earned)
+        # T·Σ_r p_r·L_r − k·Q ≤ R·T: saved credit is spent at most k of it per period.
+        rows.add(columns[1:], [-config.burst_factor, *coefficients[2:]], earned)
+
+        gain = np.broadcast_to(
+            (np.ones(len(scenario.pods)) if weights is None else weights)[None, :, None],
+            cells.shape,
+        )
+        objective = np.zeros(self._size)
+        objective[served[cells]] = -gain[cells]
+        result = linprog(
+            objective,
+            A_ub=rows.matrix(self._size),
+            b_ub=rows.bounds(),
+            bounds=np.stack([np.concatenate(self._lower), np.concatenate(self._upper)], axis=1),
+            method="highs",
+        )
+        if result.status != 0 or result.x is None:
+            raise OracleError(
+                f"scenario {scenario.name!r}: the solver gave no optimum ({result.message}); "
+                "try a shorter --duration or fewer pods"
+            )
+        x = np.asarray(result.x, dtype=np.float64)
+        served_out = np.where(cells, x[np.maximum(served, 0)], 0.0)
+        limit_out = np.where(managed_cells, x[np.maximum(limits, 0)], np.nan)
+        return limit_out, np.minimum(served_out, self.demand)
+
+
+class _Rows:
+    """Inequality rows A·x ≤ b, collected as sparse triplets. A column id of −1 means the
+    term is absent in that row."""
+
+    def __init__(self) -> None:
+        self._rows: list[IntArray] = []
+        self._columns: list[IntArray] = []
+        self._values: list[FloatArray] = []
+        self._bounds: list[FloatArray] = []
+        self._count = 0
+
+    def add(self, columns: list[IntArray], coefficients: list[float], bounds: FloatArray) -> None:
+        """One row per position: Σ_k coefficients[k]·x[columns[k][j]] ≤ bounds[j]."""
+        row = self._count + np.arange(bounds.size)
+        for ids, value in zip(columns, coefficients, strict=True):
+            present = ids >= 0
+            self._rows.append(row[present])
+            self._columns.append(ids[present])
+            self._values.append(np.full(int(present.sum()), value))
+        self._bounds.append(np.asarray(bounds, dtype=np.float64))
+        self._count += bounds.size
+
+    def sums(self, ids: IntArray, bound: float) -> None:
+        """One row per tick: the sum of that tick's variables ≤ bound."""
+        tick, _ = np.nonzero(ids >= 0)
+        self._rows.append(self._count + tick)
+        self._columns.append(ids[ids >= 0])
+        self._values.append(np.ones(tick.size))
+        self._bounds.append(np.full(ids.shape[0], bound))
+        self._count += ids.shape[0]
+
+    def matrix(self, size: int) -> sparse.csr_array:
+        return sparse.csr_array(
+            (
+                np.concatenate(self._values),
+                (np.concatenate(self._rows), np.concatenate(self._columns)),
+            ),
+            shape=(self._count, size),
+        )
+
+    def bounds(self) -> FloatArray:
+        return np.concatenate(self._bounds)
+
+
+def oracle_trace(scenario: Scenario, demand: FloatArray) -> Trace:
+    """The oracle's run as a trace, so the same metrics judge it as every policy."""
+    started = time.perf_counter()
+    solution = solve_oracle(scenario, demand)
+    pods = scenario.pods
+    times = scenario.times()
+    return Trace(
+        scenario=scenario,
+        policy=ORACLE,
+        names=[p.name for p in pods],
+        tokens=np.array([p.tokens for p in pods], dtype=np.float64),
+        uses=np.array([[True, p.gpu is not None] for p in pods]),
+        alive=(times[:, None] >= np.array([p.start for p in pods]))
+        & (times[:, None] < np.array([p.end for p in pods])),
+        refused=solution.refused,
+        demand=demand.astype(np.float32),
+        usage=solution.served.astype(np.float32),
+        limit=solution.limit,
+        decide_seconds_per_tick=(time.perf_counter() - started) / max(scenario.ticks, 1),
+        exact=solution.exact,
+    )
+
+
+def token_weighted_bound(scenario: Scenario, demand: FloatArray) -> dict[str, float | None]:
+    """The least token-weighted unmet demand per resource: the second program's optimum."""
+    solution = solve_oracle(scenario, demand, token_weighted=True)
+    tokens = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
+    return {
+        resource.label: weighted_unmet(demand[:, :, resource], solution.served[:, :, resource], tokens)
+        for resource in RESOURCES
+    }
+
+
+def weighted_unmet(demand: FloatArray, served: FloatArray, weights: FloatArray) -> float | None:
+    """Σ_pods w·(demand − served)⁺ / Σ_pods w·demand over a run; None without demand."""
+    whole = float((demand * weights).sum())
+    if whole <= 0:
+        return None
+    return float((np.maximum(demand - served, 0.0) * weights).sum() / whole)
