@@ -181,22 +181,20 @@ def test_status_shows_every_field_in_text(node: LocalNode) -> None:
         workload.wait()
 
 
-def cpu_limits(local: LocalNode) -> dict[str, float]:
+def cpu_usage(local: LocalNode) -> dict[str, float]:
     try:
         pods = local.status()["pods"]
     except subprocess.CalledProcessError:
         return {}
-    return {p["name"]: p["resources"]["cpu"]["limit"] for p in pods if p["status"] == "running"}
+    return {p["name"]: p["resources"]["cpu"]["usage"] for p in pods if p["status"] == "running"}
 
 
-def mean_cpu_limits(local: LocalNode, capacity: float, samples: int) -> dict[str, float]:
-    """Limits averaged over a few ticks, each tick checked against the node: on a shared
-    machine one tick's split moves with whatever else runs, the average much less."""
+def mean_cpu_usage(local: LocalNode, samples: int) -> dict[str, float]:
+    """Usage averaged over a few ticks: on a shared machine one tick's split moves with
+    whatever else runs, the average much less."""
     seen: list[dict[str, float]] = []
     for _ in range(samples):
-        limits = cpu_limits(local)
-        assert sum(limits.values()) <= capacity + 1e-6
-        seen.append(limits)
+        seen.append(cpu_usage(local))
         time.sleep(0.5)
     return {name: sum(s[name] for s in seen) / samples for name in seen[-1]}
 
@@ -225,20 +223,22 @@ def test_default_rule_gives_a_busy_loop_a_core_within_five_ticks(node: LocalNode
 
 
 def test_a_full_node_is_split_by_tokens_on_real_cgroups(node: LocalNode) -> None:
-    capacity = node.cgroups.capacity()
+    """The kernel splits a full node by the cpu.shares kuscale sets from tokens: limits
+    carry budgets and may add up past the node, so no pod's unused limit idles a core."""
     node.start_agent()
     workloads = [node.launch(name, 300, BUSY) for name in ("one", "two", "three")]
     try:
-        wait_for(lambda: len(cpu_limits(node)) == 3, timeout=10)
+        wait_for(lambda: len(cpu_usage(node)) == 3, timeout=10)
         time.sleep(4.0)
-        for value in mean_cpu_limits(node, capacity, 8).values():
-            assert value == pytest.approx(capacity / 3, rel=0.15)
+        usage = mean_cpu_usage(node, 8)
+        for value in usage.values():
+            assert value == pytest.approx(sum(usage.values()) / 3, rel=0.15)
         workloads.append(node.launch("rich", 600, BUSY))
-        wait_for(lambda: len(cpu_limits(node)) == 4, timeout=10)
+        wait_for(lambda: len(cpu_usage(node)) == 4, timeout=10)
         time.sleep(4.0)
-        limits = mean_cpu_limits(node, capacity, 8)
-        others = [limits[name] for name in ("one", "two", "three")]
-        assert limits["rich"] == pytest.approx(2 * sum(others) / 3, rel=0.2)
+        usage = mean_cpu_usage(node, 8)
+        others = [usage[name] for name in ("one", "two", "three")]
+        assert usage["rich"] == pytest.approx(2 * sum(others) / 3, rel=0.2)
     finally:
         for workload in workloads:
             workload.kill()

@@ -149,7 +149,7 @@ def test_kuscale_meets_more_demand_than_static_within_budget_on_a_burst() -> Non
     assert unmet["kuscale"] < unmet["vpa"]
     assert results["kuscale"]["budget_overspend_fraction"] < 1e-6
     assert results["static"]["budget_overspend_fraction"] < 1e-6
-    assert results["kuscale"]["gpu"] == {"unmet_demand_fraction": None, "slack_fraction": None}
+    assert set(results["kuscale"]["gpu"].values()) == {None}
 
 
 def test_a_budget_bound_pod_is_never_left_holding_more_than_it_can_pay_for() -> None:

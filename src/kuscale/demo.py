@@ -158,6 +158,33 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+STARVED_POINTS = 1.0
+"""A pod served this many points below its demand while its limits cost less than its
+tokens was starved by the policy, not by its budget (the simulator's rule, per tick)."""
+
+
+def idle_while_starved(rows: list[dict[str, Any]], capacity: dict[str, float]) -> dict[str, float]:
+    """Per resource: the node's capacity left unused in ticks where some pod that could pay
+    for more was served below its demand, over capacity × ticks."""
+    ticks: dict[tuple[float, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        ticks[(row["t"], row["resource"])].append(row)
+    idle: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for (_, resource), samples in ticks.items():
+        count[resource] += 1
+        starved = any(
+            r["demand"] - r["usage"] > STARVED_POINTS and r["spend"] < r["tokens"] for r in samples
+        )
+        if starved:
+            idle[resource] += max(capacity[resource] - sum(r["usage"] for r in samples), 0.0)
+    return {
+        resource: _fraction(idle[resource], capacity[resource] * n)
+        for resource, n in count.items()
+        if capacity.get(resource, 0.0) > 0
+    }
+
+
 def summary_table(summary: dict[str, Any], mode: str) -> Table:
     table = Table(title=f"kuscale demo summary ({mode})")
     for column in (
@@ -345,11 +372,17 @@ def run_demo(
         recorder = run_on_cgroups(cgroups, config, duration, console)
     summary = summarise(recorder.rows)
     console.print(summary_table(summary, mode))
+    idle = idle_while_starved(recorder.rows, recorder.latest.get("capacity", {}))
+    console.print(
+        "node idle while a pod starved: "
+        + ", ".join(f"{resource} {value:.1%}" for resource, value in idle.items())
+    )
     result = {
         "mode": mode,
         "policy": config.policy,
         "period": config.period,
         "duration": duration,
+        "node": {resource: {"idle_while_starved_fraction": v} for resource, v in idle.items()},
         "pods": summary,
     }
     if json_path is not None:

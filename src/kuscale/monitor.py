@@ -610,6 +610,7 @@ class Monitor:
             "policy": self.policy.name,
             "period": self.config.period,
             "monitor_only": self.config.monitor_only,
+            "capacity": {r.label: float(self.capacity[r]) for r in RESOURCES},
             "ticks": self.stats.ticks,
             "tick_seconds": self.stats.last_duration,
             "errors": dict(self.stats.errors),

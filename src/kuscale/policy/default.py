@@ -91,7 +91,14 @@ class KuscalePolicy:
         free = np.minimum(self.free_spend(queue, obs.tokens, obs.period), budget)
         if (free > 0).any():
             generous = solve_pods(
-                demand, prices_each, weights, lower, upper, free, np.full(free.shape, np.inf), obs.uses
+                demand,
+                prices_each,
+                weights,
+                lower,
+                upper,
+                free,
+                np.full(free.shape, np.inf),
+                obs.uses,
             )
             desired = np.maximum(desired, generous)
         weighted = np.zeros(len(RESOURCES), dtype=bool) if obs.weighted is None else obs.weighted
@@ -127,11 +134,15 @@ class KuscalePolicy:
 
         When the needs alone fill the node, they are not trusted: on a saturated node the
         kernel caps usage below the limits, so every estimate reads low and whoever holds
-        more would keep it. Then tokens alone decide, over what the pods desire."""
+        more would keep it. Then tokens alone decide, over what the pods desire.
+
+        A resource the kernel shares by tokens (`weighted`) is left to the kernel: each pod
+        keeps the limit its budget buys, and contended capacity goes by weight inside every
+        period, so what one pod leaves idle another can use at once."""
         limits = desired.copy()
         for r in RESOURCES:
             column = uses[:, r]
-            if not column.any():
+            if not column.any() or weighted[r]:
                 continue
             share = float(capacity[r] * self.overcommit[r])
             wanted = desired[column, r]

@@ -141,7 +141,9 @@ def replay_queues(trace: Trace, limit: FloatArray) -> Ledger:
     scenario = trace.scenario
     config = scenario.config.policy_config
     managed = trace.alive & ~trace.refused
-    rate = np.where(managed, (np.where(trace.uses[None], limit, 0.0) * config.prices()).sum(axis=2), 0.0)
+    rate = np.where(
+        managed, (np.where(trace.uses[None], limit, 0.0) * config.prices()).sum(axis=2), 0.0
+    )
     earned = trace.tokens * scenario.period
     cap = trace.tokens * config.burst_seconds
     queue = np.zeros(trace.tokens.shape)
@@ -149,7 +151,9 @@ def replay_queues(trace: Trace, limit: FloatArray) -> Ledger:
     allowance = np.zeros(rate.shape)
     for tick in range(rate.shape[0]):
         held = managed[tick]
-        allowance[tick] = np.where(held, trace.tokens + config.burst_factor * queue / scenario.period, np.inf)
+        allowance[tick] = np.where(
+            held, trace.tokens + config.burst_factor * queue / scenario.period, np.inf
+        )
         queue = np.where(held, np.minimum(queue + earned - rate[tick] * scenario.period, cap), 0.0)
         short = np.where(queue < -OVERSPEND_TOLERANCE * earned, -queue, 0.0)
         over += short

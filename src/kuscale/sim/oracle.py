@@ -14,8 +14,9 @@ simulator and the metrics hold every policy to:
 - pods that kuscale's admission refuses run unlimited, as they do under every policy.
 
 Any policy that keeps these rules is a feasible point of this program, so none can leave less
-demand unmet: the optimum is a bound. `kuscale`, `kuscale-2022` and `static` keep them by
-construction; `metrics.within_rules` checks any trace. A second program weighs each pod's served demand
+demand unmet: the optimum is a bound. `kuscale` and `static` keep them by construction;
+`Ledger.within_rules` in the metrics checks any trace (`kuscale-2022` raises limits to their
+minimum after its budget step, so it may not). A second program weighs each pod's served demand
 by its tokens, for the token-weighted figure.
 
 Long runs are cut into windows solved one after another. Each window lets the queue of a pod
@@ -93,9 +94,10 @@ def admitted(scenario: Scenario) -> BoolArray:
 
 
 def solve_oracle(
-    scenario: Scenario, demand: FloatArray, token_weighted: bool = False
+    scenario: Scenario, demand: FloatArray, gains: FloatArray | None = None
 ) -> OracleSolution:
-    """The optimal limits for this demand; `token_weighted` weighs each pod by its tokens."""
+    """The limits that serve the most demand, each served percent of pod i's resource r
+    counted `gains[i, r]` times (all 1 by default: the least total unmet demand)."""
     times = scenario.times()
     pods = scenario.pods
     alive = (times[:, None] >= np.array([p.start for p in pods])) & (
@@ -109,7 +111,7 @@ def solve_oracle(
             f"oracle's {MAX_CELLS}: shorten it with --duration or run fewer pods"
         )
     refused = ~admitted(scenario)
-    weights = np.array([p.tokens for p in pods], dtype=np.float64) if token_weighted else None
+    weights = np.ones((len(pods), len(RESOURCES))) if gains is None else gains
     per_tick = max(1, int((alive[:, :, None] & uses[None]).sum(axis=(1, 2)).max()))
     window = max(1, WINDOW_CELLS // per_tick)
     limit = np.full(demand.shape, np.nan)
@@ -156,7 +158,7 @@ class _Program:
         self._upper.append(np.broadcast_to(upper, mask.shape)[mask].astype(np.float64))
         return ids
 
-    def solve(self, weights: FloatArray | None) -> tuple[FloatArray, FloatArray]:
+    def solve(self, gains: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(limits, served) for this window; limits are NaN where unlimited or not alive."""
         scenario = self.scenario
         config = scenario.config.policy_config
@@ -195,10 +197,7 @@ class _Program:
         # T·Σ_r p_r·L_r − k·Q ≤ R·T: saved credit is spent at most k of it per period.
         rows.add(columns[1:], [-config.burst_factor, *coefficients[2:]], earned)
 
-        gain = np.broadcast_to(
-            (np.ones(len(scenario.pods)) if weights is None else weights)[None, :, None],
-            cells.shape,
-        )
+        gain = np.broadcast_to(gains[None], cells.shape)
         objective = np.zeros(self._size)
         objective[served[cells]] = -gain[cells]
         result = linprog(
@@ -286,14 +285,25 @@ def oracle_trace(scenario: Scenario, demand: FloatArray) -> Trace:
     )
 
 
-def token_weighted_bound(scenario: Scenario, demand: FloatArray) -> dict[str, float | None]:
-    """The least token-weighted unmet demand per resource: the second program's optimum."""
-    solution = solve_oracle(scenario, demand, token_weighted=True)
+def bounds(scenario: Scenario, demand: FloatArray) -> dict[str, dict[str, float | None]]:
+    """The least unmet demand of each resource, plain and token-weighted, each from a program
+    that serves that resource alone: a policy may trade one resource for another, so only a
+    bound per resource holds for every policy resource by resource."""
     tokens = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
-    return {
-        resource.label: weighted_unmet(demand[:, :, resource], solution.served[:, :, resource], tokens)
-        for resource in RESOURCES
-    }
+    result: dict[str, dict[str, float | None]] = {}
+    for resource in RESOURCES:
+        used = demand[:, :, resource].sum() > 0
+        entry: dict[str, float | None] = {}
+        for key, weights in (
+            ("unmet_demand_fraction", np.ones_like(tokens)),
+            ("token_weighted_unmet_fraction", tokens),
+        ):
+            gains = np.zeros((len(tokens), len(RESOURCES)))
+            gains[:, resource] = weights
+            served = solve_oracle(scenario, demand, gains).served if used else demand
+            entry[key] = weighted_unmet(demand[:, :, resource], served[:, :, resource], weights)
+        result[resource.label] = entry
+    return result
 
 
 def weighted_unmet(demand: FloatArray, served: FloatArray, weights: FloatArray) -> float | None:

@@ -16,7 +16,7 @@ from rich.table import Table
 from kuscale.model import RESOURCES
 from kuscale.plotting import plot_bars, plot_timeline
 from kuscale.sim.metrics import evaluate
-from kuscale.sim.oracle import ORACLE, OracleError, oracle_trace, token_weighted_bound
+from kuscale.sim.oracle import ORACLE, OracleError, bounds, oracle_trace
 from kuscale.sim.run import Trace, simulate
 from kuscale.sim.scenario import Scenario
 
@@ -47,12 +47,15 @@ class Comparison:
         }
 
 
-def compare(scenario: Scenario, policies: list[str], console: Console) -> Comparison:
+def compare(
+    scenario: Scenario, policies: list[str], console: Console, require_oracle: bool = True
+) -> Comparison:
     """Run each policy on one draw of demand, so differences are the policies' alone, and
     measure each against the oracle's bound on the same draw.
 
-    The oracle is solved even when it is not among `policies`, for the bound; only when it
-    is named does a scenario it cannot solve stop the comparison (OracleError)."""
+    The oracle is solved even when it is not among `policies`, for the bound. A scenario it
+    cannot solve raises OracleError where `require_oracle` and the oracle is among
+    `policies`; otherwise the comparison goes on without it and says why."""
     demand = scenario.demand()
     metrics: dict[str, dict[str, Any]] = {}
     traces: dict[str, Trace] = {}
@@ -60,11 +63,12 @@ def compare(scenario: Scenario, policies: list[str], console: Console) -> Compar
     comparison = Comparison(scenario, metrics, traces)
     try:
         oracle = oracle_trace(scenario, demand)
-        comparison.bound = _bound(evaluate(oracle), token_weighted_bound(scenario, demand))
+        comparison.bound = {"exact": oracle.exact, **bounds(scenario, demand)}
     except OracleError as err:
-        if ORACLE in policies:
+        if require_oracle and ORACLE in policies:
             raise
         comparison.bound_note = str(err)
+        policies = [name for name in policies if name != ORACLE]
     with Progress(console=console, transient=True, disable=not long_run) as progress:
         for name in policies:
             if name == ORACLE:
@@ -79,19 +83,6 @@ def compare(scenario: Scenario, policies: list[str], console: Console) -> Compar
             traces[name] = trace
             metrics[name] = _with_excess(evaluate(trace), comparison.bound)
     return comparison
-
-
-def _bound(oracle: dict[str, Any], token_weighted: dict[str, float | None]) -> dict[str, Any]:
-    return {
-        "exact": oracle["budget_overspend_fraction"] is not None,
-        **{
-            r.label: {
-                "unmet_demand_fraction": oracle[r.label]["unmet_demand_fraction"],
-                "token_weighted_unmet_fraction": token_weighted[r.label],
-            }
-            for r in RESOURCES
-        },
-    }
 
 
 def _with_excess(metrics: dict[str, Any], bound: dict[str, Any] | None) -> dict[str, Any]:
