@@ -164,8 +164,8 @@ tokens was starved by the policy, not by its budget (the simulator's rule, per t
 
 
 def idle_while_starved(rows: list[dict[str, Any]], capacity: dict[str, float]) -> dict[str, float]:
-    """Per resource: the node's capacity left unused in ticks where some pod that could pay
-    for more was served below its demand, over capacity × ticks."""
+    """Per resource: the node's capacity left unused in each tick that pods which could pay
+    for more, served below their demand, could have used; over capacity × ticks."""
     ticks: dict[tuple[float, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         ticks[(row["t"], row["resource"])].append(row)
@@ -173,11 +173,13 @@ def idle_while_starved(rows: list[dict[str, Any]], capacity: dict[str, float]) -
     count: dict[str, int] = defaultdict(int)
     for (_, resource), samples in ticks.items():
         count[resource] += 1
-        starved = any(
-            r["demand"] - r["usage"] > STARVED_POINTS and r["spend"] < r["tokens"] for r in samples
+        wanted = sum(
+            r["demand"] - r["usage"]
+            for r in samples
+            if r["demand"] - r["usage"] > STARVED_POINTS and r["spend"] < r["tokens"]
         )
-        if starved:
-            idle[resource] += max(capacity[resource] - sum(r["usage"] for r in samples), 0.0)
+        unused = capacity.get(resource, 0.0) - sum(r["usage"] for r in samples)
+        idle[resource] += min(max(unused, 0.0), wanted)
     return {
         resource: _fraction(idle[resource], capacity[resource] * n)
         for resource, n in count.items()

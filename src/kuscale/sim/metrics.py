@@ -2,9 +2,9 @@
 
 - unmet demand: Σ max(0, demand − usage) / Σ demand, per resource, over every pod; and the
   same with each pod weighted by its tokens (tokens are money: a rich pod's unmet counts more);
-- idle while starved: node capacity left unused in periods where some pod was short of its
-  demand by more than a point though its budget (reservation and the burst credit the rules
-  let it spend in that period) could have paid for the shortfall, over
+- idle while starved: node capacity left unused while pods were short of their demand by
+  more than a point though their budgets (reservation and the burst credit the rules let
+  them spend in that period) could have paid for it — at most the shortfalls' sum — over
   capacity × periods: what a work-conserving node never does. A pod its budget holds back is
   not counted: no policy within budgets could serve it;
 - slack: Σ max(0, limit − usage) / Σ limit, over the pods the policy managed;
@@ -102,14 +102,16 @@ RESOURCE_METRICS = (
 def idle_while_starved(
     demand: FloatArray, usage: FloatArray, affordable: FloatArray, capacity: float
 ) -> float:
-    """Σ over periods with a starved pod of the node's unused capacity, / capacity·periods.
+    """Σ over periods of the node's unused capacity that starved pods could have used (no
+    more than their shortfalls add up to), over capacity × periods.
 
     `affordable` is how many more percent each pod's budget could have bought in the period
     (inf for unmanaged pods)."""
     short = demand - usage
-    starved = ((short > STARVED_POINTS) & (affordable >= short)).any(axis=1)
+    starved = (short > STARVED_POINTS) & (affordable >= short)
+    wanted = np.where(starved, short, 0.0).sum(axis=1)
     idle = np.maximum(capacity - usage.sum(axis=1), 0.0)
-    return _ratio(float(idle[starved].sum()), capacity * demand.shape[0])
+    return _ratio(float(np.minimum(idle, wanted).sum()), capacity * demand.shape[0])
 
 
 def _ratio(part: float, whole: float) -> float:
