@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -238,6 +239,7 @@ def nodes(draw: st.DrawFn) -> tuple[Observation, PolicyConfig]:
         demand=np.where(uses, rng.random((n, 2)) * 500, 0.0),
         uses=uses,
         capacity=capacity,
+        weighted=np.array([draw(st.booleans()), False]),
     )
     return obs, config
 
@@ -261,7 +263,9 @@ def test_every_budget_bound_and_capacity_holds_on_random_nodes(
     assert np.all(limits <= upper + 1e-9)
     assert np.all(limits[~used] == 0.0)
     overcommit = np.array([config.cpu.overcommit, config.gpu.overcommit])
-    assert np.all(limits.sum(axis=0) <= obs.capacity * overcommit * (1 + 1e-9) + 1e-9)
+    shared = limits.sum(axis=0) <= obs.capacity * overcommit * (1 + 1e-9) + 1e-9
+    assert obs.weighted is not None
+    assert np.all(shared | obs.weighted)
     assert np.all(decision.queue >= 0)
     assert np.all(decision.queue <= obs.tokens * config.burst_seconds + 1e-9)
 
@@ -323,3 +327,54 @@ def test_admission(
         assert answer is None
     else:
         assert answer is not None and reason in answer
+
+
+def test_a_cpu_the_kernel_shares_by_tokens_is_left_to_the_kernel() -> None:
+    """Limits carry budgets, cpu.shares carry fairness: four starved pods keep what their
+    budgets buy, past the node's 200 %, and the GPU, which has no weights, is still shared."""
+    starving = observation(
+        usage=[[50.0, 50.0]] * 4,
+        tokens=[300.0, 300.0, 300.0, 600.0],
+        uses=[[True, True]] * 4,
+        limits=[[50.0, 50.0]] * 4,
+        starved=[[True, True]] * 4,
+        demand=[[100.0, 100.0]] * 4,
+    )
+    weighted = replace(starving, weighted=np.array([True, False]))
+    limits = KuscalePolicy(PolicyConfig()).decide(weighted).limits
+    assert limits[:, 0].sum() > 200.0
+    assert np.all(limits[:, 0] <= 200.0)
+    assert limits[:, 1].sum() == pytest.approx(100.0)
+    spend = (limits * PRICES).sum(axis=1)
+    assert np.all(spend <= np.array([300.0, 300.0, 300.0, 600.0]) + 1e-9)
+    unweighted = KuscalePolicy(PolicyConfig()).decide(starving).limits
+    assert unweighted[:, 0].sum() == pytest.approx(200.0)
+
+
+def test_without_burst_credit_a_quiet_pod_holds_its_reservation() -> None:
+    """Credit that can never be spent is worth nothing, so holding it as headroom is free."""
+    quiet = observation(usage=[[20.0, 0.0]], tokens=[150.0], limits=[[30.0, 0.0]])
+    limits = KuscalePolicy(PolicyConfig(burst_factor=0.0)).decide(quiet).limits
+    assert limits[0, 0] == pytest.approx(150.0)
+
+
+@pytest.mark.parametrize(("fill", "holds_reservation"), [(1.0, True), (0.0, False)])
+def test_with_burst_credit_only_what_would_overflow_is_held(
+    fill: float, holds_reservation: bool
+) -> None:
+    config = PolicyConfig(burst_factor=0.05, burst_seconds=60.0)
+    quiet = observation(
+        usage=[[20.0, 0.0]], tokens=[150.0], limits=[[30.0, 0.0]], queue=[fill * 150.0 * 60.0]
+    )
+    limit = float(KuscalePolicy(config).decide(quiet).limits[0, 0])
+    assert (limit >= 150.0 - 1e-9) is holds_reservation
+    assert limit * 1.0 <= 150.0 + 0.05 * fill * 150.0 * 60.0 + 1e-9
+
+
+def test_a_starved_pod_leaps_to_what_its_budget_buys() -> None:
+    starved = observation(
+        usage=[[10.0, 0.0]], tokens=[150.0], limits=[[10.0, 0.0]], starved=[[True, False]]
+    )
+    config = PolicyConfig(burst_factor=0.05, burst_seconds=60.0)
+    # The period at 10 % saved 140 tokens: the budget is 150 + 0.05 × 140.
+    assert KuscalePolicy(config).decide(starved).limits[0, 0] == pytest.approx(157.0)

@@ -243,9 +243,26 @@ def test_the_default_rule_catches_a_burst_in_a_few_ticks_where_the_original_need
     assert ticks_to_reach("kuscale-2022", 95.0) >= 10
 
 
-def test_a_full_node_is_shared_by_tokens_and_never_oversubscribed() -> None:
+def test_a_full_node_is_shared_by_tokens_through_kernel_weights() -> None:
+    """The default: cpu.shares follow tokens, the limits may add up past the node, and the
+    kernel's split of a full node goes by tokens, with nothing left idle."""
     node = SimNode(cores=2)
     monitor = make(node)
+    for name in ("a", "b", "c"):
+        monitor.submit(PodAdded(pod(node, name, cpu="0:100", tokens=300)))
+    step(node, monitor, 20)
+    granted = {n: float(node.granted[node.row(n), 0]) for n in "abc"}
+    assert list(granted.values()) == pytest.approx([200 / 3] * 3, rel=0.02)
+    monitor.submit(PodAdded(pod(node, "d", cpu="0:100", tokens=600)))
+    step(node, monitor, 20)
+    granted = {n: float(node.granted[node.row(n), 0]) for n in "abcd"}
+    assert sum(granted.values()) == pytest.approx(200.0)
+    assert granted["d"] == pytest.approx(2 * granted["a"], rel=0.05)
+
+
+def test_without_kernel_weights_a_full_node_is_never_oversubscribed() -> None:
+    node = SimNode(cores=2)
+    monitor = make(node, replace(CONFIG, kernel_shares=False))
     for name in ("a", "b", "c"):
         monitor.submit(PodAdded(pod(node, name, cpu="0:100", tokens=300)))
     for _ in range(20):
