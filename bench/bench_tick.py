@@ -40,6 +40,7 @@ def make_tree(root: Path, pods: int) -> CgroupV1:
         acct.mkdir(parents=True)
         (cpu / "cpu.cfs_quota_us").write_text("-1\n")
         (cpu / "cpu.cfs_period_us").write_text("100000\n")
+        (cpu / "cpu.shares").write_text("1024\n")
         (cpu / "cpu.stat").write_text("nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
         (cpu / "cgroup.procs").write_text("")
         (acct / "cpuacct.usage").write_text("0\n")
@@ -95,6 +96,23 @@ def bench_fixture(pods: int, ticks: int) -> list[float]:
             advance(root, pods, tick, usage)
             started = time.perf_counter()
             monitor.tick(tick * PERIOD)
+            durations.append(time.perf_counter() - started)
+        return durations
+    finally:
+        shutil.rmtree(root)
+
+
+def bench_watch(pods: int, passes: int) -> list[float]:
+    """One watch pass between ticks: every pod's cpu.stat read through the descriptors the
+    tick keeps open, nobody throttled (the common case: nothing to raise)."""
+    root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
+    try:
+        monitor = monitor_for(make_tree(root, pods), pods)
+        monitor.tick(PERIOD)
+        durations = []
+        for index in range(passes):
+            started = time.perf_counter()
+            monitor.watch(PERIOD + index * 1e-3)
             durations.append(time.perf_counter() - started)
         return durations
     finally:
@@ -176,7 +194,7 @@ def report(label: str, pods: int, durations: list[float]) -> None:
     median = statistics.median(durations)
     p95 = sorted(durations)[int(0.95 * (len(durations) - 1))]
     print(
-        f"{label:<26} {pods:>5} pods  tick median {median * 1e3:8.3f} ms  "
+        f"{label:<26} {pods:>5} pods  median {median * 1e3:8.3f} ms  "
         f"p95 {p95 * 1e3:8.3f} ms  {median / pods * 1e6:7.1f} µs/pod"
     )
 
@@ -192,6 +210,8 @@ def main() -> None:
             report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
     for pods in (10, 110, 1000):
         report("fixture v1 tree (tmpfs)", pods, bench_fixture(pods, args.ticks))
+    for pods in (110, 1000):
+        report("watch pass, fixture tree", pods, bench_watch(pods, args.ticks * 5))
     real = bench_real(10, args.ticks)
     if real is not None:
         report("real cgroup v1/v2", 10, real)

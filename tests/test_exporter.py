@@ -83,6 +83,7 @@ def test_metrics_follow_prometheus_conventions(
         "kuscale_pods",
         "kuscale_tick_duration_seconds_bucket",
         "kuscale_ticks_total",
+        "kuscale_fast_raises_total",
         "kuscale_policy_info",
     ):
         assert name in names, name

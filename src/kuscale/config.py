@@ -201,6 +201,9 @@ class AgentConfig:
     """Also set cpu.shares (v2: cpu.weight) in proportion to tokens, so the kernel shares a
     full node by tokens inside every period. Then CPU limits carry only budgets and may add
     up to more than the node has: CPU one pod leaves idle goes to a pod that starves."""
+    watch_interval: float = 0.1
+    """Seconds between reads of every pod's throttle counter between ticks; a pod seen
+    throttled gets at once what its budget allows (the policy's fast path). 0 turns it off."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     gpu_layer: GpuLayerConfig = field(default_factory=GpuLayerConfig)
 
@@ -209,6 +212,12 @@ class AgentConfig:
         if not 0.01 <= self.period <= 60.0:
             raise ConfigError(
                 f"agent.period must be between 0.01 and 60 seconds, got {self.period}"
+            )
+        _require_finite("agent.watch_interval", self.watch_interval, non_negative=True)
+        if self.watch_interval > self.period:
+            raise ConfigError(
+                f"agent.watch_interval ({self.watch_interval}) must not be longer than "
+                f"agent.period ({self.period}); 0 turns the watch off"
             )
         if self.policy not in POLICY_NAMES:
             raise ConfigError(

@@ -143,6 +143,12 @@ class SnapshotCollector(Collector):
             errors.add_metric([self.node, kind], float(count))
         ticks = CounterMetricFamily("kuscale_ticks", "Ticks of the loop.", labels=("node",))
         ticks.add_metric([self.node], float(snapshot["ticks"]))
+        raises = CounterMetricFamily(
+            "kuscale_fast_raises",
+            "Limits the watch raised between ticks for pods it saw throttled.",
+            labels=("node",),
+        )
+        raises.add_metric([self.node], float(snapshot.get("fast_raises", 0)))
         info = InfoMetricFamily("kuscale_policy", "The rule and backends in use.", labels=("node",))
         info.add_metric(
             [self.node],
@@ -153,7 +159,7 @@ class SnapshotCollector(Collector):
                 "monitor_only": str(snapshot["monitor_only"]).lower(),
             },
         )
-        yield from (pods, errors, ticks, info)
+        yield from (pods, errors, ticks, raises, info)
 
 
 class MetricsExporter:

@@ -185,6 +185,11 @@ class PodState:
     """What the CPU actuator found when it took the pod over, to give back."""
     restore_shares: int | None = None
     """cpu.shares before kuscale set them from tokens (None: not changed)."""
+    throttle_mark: int = 0
+    """nr_throttled as the last tick or watch pass saw it."""
+    raised_mark: int | None = None
+    """nr_throttled when the watch last raised the pod's limit: throttling before it was
+    answered already, so the next tick does not count it as starvation."""
     reason: str = ""
     key: str = field(init=False)
     """`namespace/name`, kept rather than formatted: every tick reads it for every pod."""

@@ -38,7 +38,7 @@ from kuscale.model import (
     ResourceState,
 )
 from kuscale.policy import Observation, Policy, make_policy
-from kuscale.policy.base import FloatArray
+from kuscale.policy.base import FloatArray, Starving
 
 log = logging.getLogger("kuscale.monitor")
 
@@ -99,6 +99,8 @@ _COLUMN: dict[str, int | slice] = {
 @dataclass(slots=True)
 class TickStats:
     ticks: int = 0
+    fast_raises: int = 0
+    """Limits the watch raised between ticks."""
     last_tick: float | None = None
     last_duration: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
@@ -236,6 +238,7 @@ class Monitor:
             gpu_state.restore_limit = self.gpu.read_limit(spec.vgpu_id)
             pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
         pod.cpu_baseline = self.cpu.read(spec.cgroup)
+        pod.throttle_mark = pod.cpu_baseline.nr_throttled
         if not self.config.monitor_only:
             self._take_over(pod)
         pod.last_update = now
@@ -403,7 +406,10 @@ class Monitor:
         if busy_gpu is not None and previous_gpu is not None:
             usage[1] = min((busy_gpu - previous_gpu) * 100.0 / wall_ns, ceilings[1])
         periods = counters.nr_periods - previous_cpu.nr_periods
-        throttled_periods = counters.nr_throttled - previous_cpu.nr_throttled
+        answered = previous_cpu.nr_throttled if pod.raised_mark is None else pod.raised_mark
+        throttled_periods = counters.nr_throttled - max(previous_cpu.nr_throttled, answered)
+        pod.raised_mark = None
+        pod.throttle_mark = counters.nr_throttled
         starved = [throttled_periods > 0, False]
         # Where CFS counted periods its throttle count is the evidence; usage near the
         # limit stands in only where nothing counts (a GPU): a budget that squeezed a
@@ -534,6 +540,65 @@ class Monitor:
         elif resource is Resource.GPU and self.gpu is not None and pod.spec.vgpu_id is not None:
             self.gpu.write_limit(pod.spec.vgpu_id, limit)
 
+    # The watch between ticks.
+
+    def watch(self, now: float) -> None:
+        """Read every managed pod's throttle counter; hand those throttled since the last
+        look to the policy's fast path and write what it raises. A pod whose cgroup cannot
+        be read, or whose counter went backwards, is skipped until the next tick."""
+        if self.config.monitor_only:
+            return
+        starving = [pod for pod in self.registry.running.values() if self._throttled(pod)]
+        if not starving:
+            return
+        limits = self.policy.raise_starved(self._starving(starving))
+        if limits is None:
+            return
+        cpu = Resource.CPU
+        for pod, raised in zip(starving, limits[:, cpu].tolist(), strict=True):
+            state = pod.resources[cpu]
+            if raised <= state.limit + WRITE_RESOLUTION:
+                continue
+            before = state.limit
+            self._write(pod, cpu, state, raised)
+            if state.limit > before:
+                self.stats.fast_raises += 1
+                pod.raised_mark = pod.throttle_mark
+                log.debug("pod %s throttled at %.1f %%: raised to %.1f %%", pod.key, before, raised)
+
+    def _throttled(self, pod: PodState) -> bool:
+        if pod.status is not PodStatus.RUNNING or pod.held is None:
+            return False
+        try:
+            count = self.cpu.read_throttled(pod.spec.cgroup)
+        except BackendError as err:
+            log.debug("watch skips pod %s: %s", pod.key, err)
+            return False
+        mark, pod.throttle_mark = pod.throttle_mark, count
+        return count > mark
+
+    def _starving(self, pods: list[PodState]) -> Starving:
+        limits = np.zeros((len(pods), len(RESOURCES)))
+        uses = np.zeros((len(pods), len(RESOURCES)), dtype=np.bool_)
+        for row, pod in enumerate(pods):
+            for resource, state in pod.resources.items():
+                limits[row, resource] = state.limit
+                uses[row, resource] = True
+        held = np.zeros(len(RESOURCES))
+        for pod in self.registry.running.values():
+            for resource, state in pod.resources.items():
+                held[resource] += state.limit
+        return Starving(
+            period=self.config.period,
+            tokens=np.array([float(p.spec.tokens) for p in pods]),
+            queue=np.array([p.token_queue for p in pods]),
+            limits=limits,
+            uses=uses,
+            capacity=self.capacity,
+            held=held,
+            weighted=self._weighted,
+        )
+
     # Running and stopping.
 
     def run(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -552,16 +617,22 @@ class Monitor:
             self.restore()
 
     def _wait(self, delay: float, clock: Callable[[], float]) -> None:
-        """Sleep until the next tick, handling events as they come (a Stop ends the wait)."""
+        """Sleep until the next tick, handling events as they come (a Stop ends the wait)
+        and running the watch every `watch_interval`."""
         deadline = clock() + delay
+        interval = self.config.watch_interval
+        next_watch = clock() + interval if interval > 0 else math.inf
         while not self._stopping:
-            remaining = deadline - clock()
-            if remaining <= 0:
+            now = clock()
+            if now >= deadline:
                 return
+            if now >= next_watch:
+                self.watch(now)
+                next_watch = now + interval
             try:
-                event = self.events.get(timeout=remaining)
+                event = self.events.get(timeout=max(min(deadline, next_watch) - clock(), 0.0))
             except queue.Empty:
-                return
+                continue
             self._handle(event, clock())
 
     def restore(self) -> None:
@@ -612,6 +683,7 @@ class Monitor:
             "monitor_only": self.config.monitor_only,
             "capacity": {r.label: float(self.capacity[r]) for r in RESOURCES},
             "ticks": self.stats.ticks,
+            "fast_raises": self.stats.fast_raises,
             "tick_seconds": self.stats.last_duration,
             "errors": dict(self.stats.errors),
             "pods": [pod_view(pod) for pod in pods],

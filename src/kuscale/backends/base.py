@@ -59,6 +59,10 @@ class CpuBackend(Protocol):
 
     def read(self, cgroup: str) -> CpuCounters: ...
 
+    def read_throttled(self, cgroup: str) -> int:
+        """CFS periods throttled so far (cpu.stat `nr_throttled`): the watch's one read."""
+        ...
+
     def read_limit(self, cgroup: str) -> float | None:
         """The current limit in percent, None for unlimited."""
         ...

@@ -16,6 +16,7 @@ from kuscale.backends.files import (
     DescriptorCache,
     confine,
     parse_int,
+    parse_key,
     parse_keyed,
     read_text,
     write_text,
@@ -111,6 +112,12 @@ class _CgroupTree:
                 continue
             except OSError as err:
                 raise BackendError(f"cannot remove cgroup {cgroup} under {root}: {err}") from err
+
+    def read_throttled(self, cgroup: str) -> int:
+        """nr_throttled from cpu.stat (v1 and v2 alike), through the descriptor the tick keeps
+        open: the watch between ticks reads this one file per pod."""
+        path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
+        return parse_key(self._files.read(path), "nr_throttled", path)
 
     def _read_period(self, cgroup: str) -> int:
         raise NotImplementedError

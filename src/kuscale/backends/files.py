@@ -72,6 +72,23 @@ def parse_keyed(text: str, path: str | Path) -> dict[str, int]:
     return dict(zip(fields[::2], map(int, values), strict=True))
 
 
+def parse_key(text: str, key: str, path: str | Path) -> int:
+    """One key of a flat keyed file, without splitting the rest: the watch reads one
+    counter of every pod ten times a second. A missing key reads as 0, as in `parse_keyed`."""
+    if text.startswith(key + " "):
+        start = 0
+    else:
+        start = text.find("\n" + key + " ") + 1
+        if start == 0:
+            return 0
+    start += len(key) + 1
+    end = text.find("\n", start)
+    value = text[start:] if end < 0 else text[start:end]
+    if not value.isdigit():
+        raise CounterError(f"{path}: {key} is {value[:40]!r}, not a counter")
+    return int(value)
+
+
 class DescriptorCache:
     """Cgroup files kept open, re-read and rewritten at offset 0 every tick.
 

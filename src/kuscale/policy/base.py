@@ -65,6 +65,28 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
+class Starving:
+    """Pods the watch saw throttled between ticks, with what they hold now."""
+
+    period: float
+    tokens: FloatArray
+    queue: FloatArray
+    """Q per pod as of the last tick: the credit its budget may draw on until the next."""
+    limits: FloatArray
+    """The limits each pod holds now, (n, m)."""
+    uses: BoolArray
+    capacity: FloatArray
+    held: FloatArray
+    """Per resource: the sum of every running pod's limit, these pods' included."""
+    weighted: BoolArray
+    """Per resource: True where the kernel shares it by tokens (see Observation)."""
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     limits: FloatArray
     weights: FloatArray
@@ -86,4 +108,9 @@ class Policy(Protocol):
 
         `committed` is the sum of the minimum limits of the pods already running.
         """
+        ...
+
+    def raise_starved(self, obs: Starving) -> FloatArray | None:
+        """New limits (n, m) for pods seen starved between ticks, never below what they hold;
+        None for a rule that waits for its tick."""
         ...

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.model import RESOURCES
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.model import RESOURCES, Resource
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_pods
@@ -109,6 +109,29 @@ class KuscalePolicy:
             queue=queue,
             demand=np.where(obs.uses, demand, 0.0),
         )
+
+    def raise_starved(self, obs: Starving) -> FloatArray:
+        """The fast path: a pod throttled between ticks gets at once the largest CPU limit
+        its budget allows now (reservation plus the burst credit of the last tick, less
+        what its other resources hold), up to its cap. Where the kernel shares the CPU by
+        tokens that is all; otherwise only what no other pod holds of the node's
+        capacity × overcommit is given, pod by pod. Never below what a pod holds: the next
+        tick re-balances."""
+        cpu = Resource.CPU
+        prices = np.where(obs.uses, self.prices, 0.0)
+        budget = obs.tokens + self.config.burst_factor * obs.queue / obs.period
+        others = (prices * obs.limits).sum(axis=1) - prices[:, cpu] * obs.limits[:, cpu]
+        cap = float(self.upper_bounds(obs.capacity)[cpu])
+        affordable = np.minimum((budget - others) / self.prices[cpu], cap)
+        wanted = np.maximum(affordable, obs.limits[:, cpu])
+        if not obs.weighted[cpu]:
+            spare = max(float(obs.capacity[cpu] * self.overcommit[cpu] - obs.held[cpu]), 0.0)
+            extra = np.maximum(wanted - obs.limits[:, cpu], 0.0)
+            granted = np.minimum(extra, np.maximum(spare - (np.cumsum(extra) - extra), 0.0))
+            wanted = obs.limits[:, cpu] + granted
+        limits = obs.limits.copy()
+        limits[:, cpu] = np.where(np.isfinite(wanted), wanted, obs.limits[:, cpu])
+        return limits
 
     def free_spend(self, queue: FloatArray, tokens: FloatArray, period: float) -> FloatArray:
         """Tokens per second a pod can spend at no cost to its future: what would overflow

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
 from kuscale.tokens import advance_queue
 
 USAGE_WEIGHT_SCALE = 15.0
@@ -55,6 +55,10 @@ class OriginalPolicy:
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
         """The original admits every pod; the monitor still refuses a GPU pod without a GPU."""
+        return None
+
+    def raise_starved(self, obs: Starving) -> FloatArray | None:
+        """The original reacts once a period, by its fixed step."""
         return None
 
     def decide(self, obs: Observation) -> Decision:

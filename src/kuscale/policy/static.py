@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
 from kuscale.tokens import advance_queue
 
 
@@ -24,6 +24,10 @@ class TokenBlind:
     def admit(
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
+        return None
+
+    def raise_starved(self, obs: Starving) -> FloatArray | None:
+        """The baselines act at their own pace: no fast path."""
         return None
 
     def decision(self, limits: FloatArray, demand: FloatArray, obs: Observation) -> Decision:

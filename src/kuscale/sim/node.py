@@ -116,6 +116,12 @@ class SimNode:
 
     def advance(self, seconds: float) -> None:
         """Run every live pod for `seconds` of simulated time at its current demand."""
+        self.advance_to(self.now + seconds)
+
+    def advance_to(self, until: float) -> None:
+        """Run every live pod until simulated time `until`, landing on it exactly: steps of a
+        tenth of a second must not drift a pod's arrival past the tick that adopts it."""
+        seconds = until - self.now
         live = self.live()
         self.demand = np.where(live[:, None], self._demand_now(), 0.0)
         wanted = np.fmin(self.demand, self.limit)
@@ -134,7 +140,7 @@ class SimNode:
         self.nr_throttled[over] += periods
         excess = self.demand[over, 0] - self.limit[over, 0]
         self.throttled_ns[over] += excess / 100.0 * seconds * NS
-        self.now += seconds
+        self.now = until
         self._refresh()
 
     def row(self, name: str) -> int:
@@ -186,6 +192,9 @@ class SimCpu:
 
     def read(self, cgroup: str) -> CpuCounters:
         return self.node.counters(cgroup)
+
+    def read_throttled(self, cgroup: str) -> int:
+        return self.node.counters(cgroup).nr_throttled
 
     def read_limit(self, cgroup: str) -> float | None:
         return _limit(self.node.limit[self.node.row(cgroup), 0])

@@ -11,7 +11,7 @@ import numpy as np
 from kuscale.model import PodSpec, PodStatus
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.policy import Decision, Observation, Policy, make_policy
-from kuscale.policy.base import BoolArray, FloatArray
+from kuscale.policy.base import BoolArray, FloatArray, Starving
 from kuscale.sim.node import SimCpu, SimGpu, SimNode
 from kuscale.sim.scenario import Scenario
 
@@ -21,13 +21,31 @@ STEP_SECONDS = 0.1
 def run_simulation(node: SimNode, monitor: Monitor, duration: float) -> None:
     """Tick the monitor every period and advance the node between ticks, then restore."""
     period = monitor.config.period
-    steps = max(1, round(period / STEP_SECONDS))
     while node.now <= duration:
         monitor.tick(node.now)
-        for _ in range(steps):
-            node.advance(period / steps)
+        run_period(node, monitor, period)
     monitor.tick(node.now)
     monitor.restore()
+
+
+def run_period(node: SimNode, monitor: Monitor, period: float) -> tuple[FloatArray, FloatArray]:
+    """Advance the node one period in steps of the monitor's watch interval (of
+    STEP_SECONDS when the watch is off), watching between steps as the agent does.
+
+    Returns the limits to charge for the period — the highest each pod held, since a pod
+    is charged for a raise as if it held it from the period's start — and the mean service."""
+    interval = monitor.config.watch_interval or STEP_SECONDS
+    steps = max(1, round(period / interval))
+    held = node.limit.copy()
+    served = np.zeros_like(node.granted)
+    start = node.now
+    for step in range(steps):
+        if step and monitor.config.watch_interval > 0:
+            monitor.watch(node.now)
+            held = np.fmax(held, node.limit)
+        node.advance_to(start + period * (step + 1) / steps)
+        served += node.granted
+    return held, served / steps
 
 
 class TimedPolicy:
@@ -50,6 +68,9 @@ class TimedPolicy:
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
         return self.policy.admit(tokens, uses, capacity, committed)
+
+    def raise_starved(self, obs: Starving) -> FloatArray | None:
+        return self.policy.raise_starved(obs)
 
 
 @dataclass(slots=True)
@@ -89,7 +110,7 @@ def simulate(
     node = SimNode(
         scenario.cores,
         scenario.gpus,
-        demand=lambda now: demand[min(round(now / period), ticks - 1)],
+        demand=lambda now: demand[min(int(now / period + 1e-9), ticks - 1)],
     )
     pods = scenario.pods
     node.add_rows(
@@ -126,9 +147,7 @@ def simulate(
             key = f"local/{pods[index].name}"
             completed = monitor.registry.completed.get(key)
             trace.refused[index] = completed is not None and completed.status is PodStatus.REFUSED
-        trace.limit[tick] = node.limit
-        node.advance(period)
-        trace.usage[tick] = node.granted
+        trace.limit[tick], trace.usage[tick] = run_period(node, monitor, period)
         if progress is not None:
             progress(tick + 1)
     monitor.tick(node.now)

@@ -1,0 +1,430 @@
+"""Real workloads on this machine's real cgroups: a web server's burst after idle, and a web
+server beside a CPU-bound neighbour, under kuscale, kuscale-2022 and a static quota.
+
+nginx (Debian's) serves a 448 KiB text page gzipped at level 9, about 10 ms of CPU a
+request; wrk drives it. Case 1: nginx with 150 tokens idles, then wrk runs 8 connections for
+the burst; we measure requests served, p50 and p99 latency, the limit held while idle, and
+how long after the burst began the limit first covered what the burst used under the static
+quota. Case 2: the same nginx (150 tokens) and stress-ng with two CPU workers (300 tokens)
+share the node while wrk runs; we measure both pods' work and each pod's share of the CPU
+they got against its share of the tokens.
+
+Run with `make bench-real` (root: it installs nginx, wrk and stress-ng from Debian when they
+are missing, and writes cgroups). Prints a table; `--json FILE` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kuscale.backends.base import BackendError
+from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+
+TOOLS = {"nginx": "nginx-light", "wrk": "wrk", "stress-ng": "stress-ng"}
+KUSCALE = [sys.executable, "-m", "kuscale"]
+RESERVATION = 150
+NEIGHBOUR_TOKENS = 300
+PAGE_BYTES = 448 * 1024
+SAMPLE_SECONDS = 0.02
+CONFIG = """\
+[agent]
+period = 1.0
+watch_interval = {watch}
+
+[policy]
+burst_factor = 0.05
+burst_seconds = 60
+"""
+"""The agent's settings for both cases: the default period, and burst credit so that an idle
+pod saves what it does not hold (at burst_factor 0 a pod holds its whole reservation, since
+credit it cannot spend is worth nothing, and there is no burst after idle to catch)."""
+
+NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes 2;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/tmp;
+    proxy_temp_path {prefix}/tmp;
+    fastcgi_temp_path {prefix}/tmp;
+    uwsgi_temp_path {prefix}/tmp;
+    scgi_temp_path {prefix}/tmp;
+    gzip on;
+    gzip_comp_level 9;
+    gzip_min_length 0;
+    gzip_types text/plain;
+    server {{
+        listen 127.0.0.1:{port};
+        root {prefix}/www;
+        location / {{ default_type text/plain; }}
+    }}
+}}
+"""
+
+
+class Unavailable(RuntimeError):
+    """What this machine lacks to run the benchmark, and how to get it."""
+
+
+def ensure_tools() -> None:
+    missing = [name for name in TOOLS if shutil.which(name) is None]
+    if not missing:
+        return
+    packages = " ".join(TOOLS[name] for name in missing)
+    if os.geteuid() != 0:
+        raise Unavailable(f"missing {', '.join(missing)}: run `apt-get install {packages}` as root")
+    print(f"installing {packages} from Debian ...", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages.split()]):
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_site(prefix: Path, port: int) -> Path:
+    """The nginx prefix: its config, and a page of random words that compresses like text."""
+    rng = random.Random(1)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)]
+    page = " ".join(rng.choices(words, k=PAGE_BYTES // 5))[:PAGE_BYTES]
+    (prefix / "www").mkdir(parents=True)
+    (prefix / "tmp").mkdir()
+    (prefix / "www" / "page.txt").write_text(page)
+    conf = prefix / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(prefix=prefix, port=port))
+    return conf
+
+
+@dataclass
+class LimitLog:
+    """The limit and usage of one cgroup sampled every SAMPLE_SECONDS in a thread."""
+
+    cgroups: CgroupV1 | CgroupV2
+    cgroup: str
+    samples: list[tuple[float, float | None, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            try:
+                limit = self.cgroups.read_limit(self.cgroup)
+                usage = self.cgroups.read(self.cgroup).usage_ns
+            except BackendError:
+                continue
+            self.samples.append((time.monotonic(), limit, usage))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def mean_limit(self, start: float, end: float) -> float | None:
+        held = [lim for t, lim, _ in self.samples if start <= t <= end and lim is not None]
+        return statistics.fmean(held) if held else None
+
+    def usage(self, start: float, end: float) -> float:
+        """Percent of a core used between two times."""
+        inside = [(t, u) for t, _, u in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return 0.0
+        (t0, u0), (t1, u1) = inside[0], inside[-1]
+        return (u1 - u0) / 1e7 / (t1 - t0) if t1 > t0 else 0.0
+
+    def covered_after(self, start: float, needed: float) -> float | None:
+        """Seconds from `start` until the limit first reached `needed` (None: unlimited)."""
+        for t, limit, _ in self.samples:
+            if t >= start and (limit is None or limit >= needed):
+                return t - start
+        return None
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    p50_ms: float
+    p99_ms: float
+
+
+def run_wrk(port: int, seconds: float) -> WrkResult:
+    out = subprocess.run(
+        ["wrk", "-t1", "-c8", f"-d{seconds:g}s", "--latency", "-H", "Accept-Encoding: gzip",
+         f"http://127.0.0.1:{port}/page.txt"],
+        capture_output=True, text=True, check=True, timeout=seconds + 60,
+    ).stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return WrkResult(requests, _latency(out, "50%"), _latency(out, "99%"))
+
+
+def _latency(out: str, percentile: str) -> float:
+    match = re.search(rf"^\s*{percentile}\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"wrk printed no {percentile} latency:\n{out}")
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+@dataclass
+class Node:
+    """This machine's cgroups, a state dir, and (for a policy) a running local agent."""
+
+    cgroups: CgroupV1 | CgroupV2
+    state: Path
+    parent: str
+    policy: str | None
+    agent: subprocess.Popen[bytes] | None = None
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, watch: float) -> None:
+        if self.policy is None:
+            self.cgroups.create(self.parent)
+            return
+        config = self.state / "agent.toml"
+        config.write_text(CONFIG.format(watch=watch))
+        self.agent = subprocess.Popen(
+            [*KUSCALE, "agent", "--local", "--state-dir", str(self.state), "--gpus", "0",
+             "--policy", self.policy, "--config", str(config), "--metrics-address", ""],
+            stderr=subprocess.DEVNULL,
+        )
+
+    def launch(self, name: str, tokens: int, command: list[str]) -> str:
+        cgroup = f"{self.parent}/{name}"
+        if self.policy is None:
+            self.cgroups.create(cgroup)
+            self.cgroups.write_limit(cgroup, float(tokens))
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.cgroups.attach(cgroup, process.pid)
+        else:
+            process = subprocess.Popen(
+                [*KUSCALE, "launch", "--state-dir", str(self.state), "--tokens", str(tokens),
+                 "--name", name, "--cgroup-parent", self.parent, "--", *command],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            wait_for(lambda: self.adopted(name), 20.0)
+        self.processes.append(process)
+        return cgroup
+
+    def adopted(self, name: str) -> bool:
+        try:
+            status = json.loads((self.state / "status.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return any(p["name"] == name and p["status"] == "running" for p in status["pods"])
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.agent is not None:
+            self.agent.send_signal(signal.SIGTERM)
+            self.agent.wait(timeout=30)
+        remove_tree(self.cgroups, self.parent)
+
+
+def remove_tree(cgroups: CgroupV1 | CgroupV2, parent: str) -> None:
+    for root in {cgroups.cpu_root, cgroups.usage_root}:
+        top = root / parent
+        if not top.exists():
+            continue
+        for child in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            wait_for(lambda child=child: not (child / "cgroup.procs").read_text().strip(), 10.0)
+            child.rmdir()
+        top.rmdir()
+
+
+def wait_for(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out waiting for the workload")
+        time.sleep(0.05)
+
+
+@contextmanager
+def node(policy: str | None, watch: float) -> Iterator[Node]:
+    state = Path(tempfile.mkdtemp(prefix="kuscale-bench-real-"))
+    here = Node(detect(), state, f"kuscale-bench-{os.getpid()}", policy)
+    try:
+        here.start(watch)
+        yield here
+    finally:
+        here.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def nginx_command(prefix: Path) -> tuple[list[str], int]:
+    port = free_port()
+    conf = write_site(prefix, port)
+    return ["nginx", "-p", str(prefix), "-c", str(conf)], port
+
+
+def burst_after_idle(policy: str | None, idle: float, burst: float, watch: float, needed: float | None) -> dict[str, Any]:
+    prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
+    try:
+        with node(policy, watch) as here:
+            command, port = nginx_command(prefix)
+            cgroup = here.launch("web", RESERVATION, command)
+            wait_for(lambda: _answers(port), 20.0)
+            log = LimitLog(here.cgroups, cgroup)
+            sampler = threading.Thread(target=log.run, daemon=True)
+            sampler.start()
+            idle_from = time.monotonic()
+            time.sleep(idle)
+            started = time.monotonic()
+            result = run_wrk(port, burst)
+            ended = time.monotonic()
+            log.stop()
+            sampler.join()
+        used = log.usage(started, ended)
+        return {
+            "policy": policy or "static",
+            "requests": result.requests,
+            "p50_ms": result.p50_ms,
+            "p99_ms": result.p99_ms,
+            "idle_limit_percent": log.mean_limit(idle_from + idle / 2, started),
+            "burst_usage_percent": used,
+            "covered_after_seconds": log.covered_after(started, 0.95 * (needed or used)),
+        }
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, Any]:
+    prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
+    try:
+        with node(policy, watch) as here:
+            command, port = nginx_command(prefix)
+            web = here.launch("web", RESERVATION, command)
+            wait_for(lambda: _answers(port), 20.0)
+            metrics = prefix / "stress.yaml"
+            stress = here.launch(
+                "neighbour", NEIGHBOUR_TOKENS,
+                ["stress-ng", "--cpu", "2", "--timeout", f"{burst + 30:g}", "--metrics-brief",
+                 "--yaml", str(metrics)],
+            )
+            logs = {name: LimitLog(here.cgroups, cgroup) for name, cgroup in (("web", web), ("neighbour", stress))}
+            threads = [threading.Thread(target=log.run, daemon=True) for log in logs.values()]
+            for thread in threads:
+                thread.start()
+            time.sleep(3.0)
+            started = time.monotonic()
+            result = run_wrk(port, burst)
+            ended = time.monotonic()
+            for log in logs.values():
+                log.stop()
+            before = here.cgroups.read(stress).usage_ns
+        usage = {name: log.usage(started, ended) for name, log in logs.items()}
+        total = sum(usage.values()) or 1.0
+        tokens = RESERVATION + NEIGHBOUR_TOKENS
+        return {
+            "policy": policy or "static",
+            "web_requests": result.requests,
+            "web_p99_ms": result.p99_ms,
+            "web_cpu_percent": usage["web"],
+            "neighbour_cpu_percent": usage["neighbour"],
+            "neighbour_cpu_seconds": before / 1e9,
+            "web_share_of_cpu": usage["web"] / total,
+            "web_share_of_tokens": RESERVATION / tokens,
+        }
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def table(burst: list[dict[str, Any]], shared: list[dict[str, Any]]) -> str:
+    static = next(row for row in burst if row["policy"] == "static")
+    lines = [
+        "burst after idle (nginx, 150 tokens; static: a 150 % quota)",
+        f"{'policy':<14}{'requests':>10}{'vs static':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'p99 / static':>13}{'idle limit %':>14}{'covered after s':>17}",
+    ]
+    for row in burst:
+        covered = row["covered_after_seconds"]
+        idle = row["idle_limit_percent"]
+        lines.append(
+            f"{row['policy']:<14}{row['requests']:>10}{row['requests'] / static['requests']:>10.2f}"
+            f"{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}{row['p99_ms'] / static['p99_ms']:>13.2f}"
+            f"{'unlimited' if idle is None else f'{idle:.1f}':>14}"
+            f"{'—' if covered is None else f'{covered:.2f}':>17}"
+        )
+    lines += [
+        "",
+        "beside a CPU-bound neighbour (stress-ng --cpu 2, 300 tokens)",
+        f"{'policy':<14}{'web requests':>13}{'web p99 ms':>11}{'web cpu %':>10}"
+        f"{'neighbour cpu %':>16}{'web share':>10}{'of tokens':>10}",
+    ]
+    for row in shared:
+        lines.append(
+            f"{row['policy']:<14}{row['web_requests']:>13}{row['web_p99_ms']:>11.1f}"
+            f"{row['web_cpu_percent']:>10.1f}{row['neighbour_cpu_percent']:>16.1f}"
+            f"{row['web_share_of_cpu']:>10.2f}{row['web_share_of_tokens']:>10.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle", type=float, default=8.0, help="seconds idle before the burst")
+    parser.add_argument("--burst", type=float, default=15.0, help="seconds of wrk load")
+    parser.add_argument("--watch", type=float, default=0.1, help="the agent's watch_interval")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON")
+    args = parser.parse_args()
+    try:
+        ensure_tools()
+        if os.geteuid() != 0:
+            raise Unavailable("real cgroups need root")
+        detect()
+    except (Unavailable, BackendError, subprocess.CalledProcessError) as err:
+        print(f"bench-real: cannot run here: {err}", file=sys.stderr)
+        return 2
+    print(f"machine: {os.cpu_count()} CPUs; period 1 s; watch {args.watch} s", flush=True)
+    static = burst_after_idle(None, args.idle, args.burst, args.watch, None)
+    burst = [static] + [
+        burst_after_idle(policy, args.idle, args.burst, args.watch, static["burst_usage_percent"])
+        for policy in ("kuscale", "kuscale-2022")
+    ]
+    shared = [with_neighbour(policy, args.burst, args.watch) for policy in ("kuscale", None)]
+    print(table(burst, shared))
+    if args.json:
+        args.json.write_text(json.dumps({"burst_after_idle": burst, "with_neighbour": shared}, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

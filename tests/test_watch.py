@@ -1,0 +1,188 @@
+"""The watch between ticks and the policy's fast path: a burst is met within a watch
+interval, never beyond a pod's budget or the node, on a simulated node and on real cgroups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kuscale.backends.base import CgroupGone
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.config import AgentConfig, ConfigError, PolicyConfig, config_from_mapping
+from kuscale.model import PodSpec, Resource
+from kuscale.monitor import Monitor, PodAdded
+from kuscale.sim.node import SimCpu, SimNode, SimPod
+from kuscale.sim.run import run_period
+from kuscale.workload import Schedule
+
+CREDIT = PolicyConfig(burst_factor=0.5, burst_seconds=10.0)
+CONFIG = AgentConfig(period=1.0, watch_interval=0.1, policy_config=CREDIT)
+
+
+def burst_node(config: AgentConfig = CONFIG, cpu: SimCpu | None = None) -> tuple[SimNode, Monitor]:
+    """A web pod idle at 10 % for five seconds, then wanting 120 %, beside a steady pod."""
+    node = SimNode(cores=2, gpus=0)
+    node.add("web", SimPod(cpu=Schedule.parse("0:10,5:120")))
+    node.add("batch", SimPod(cpu=Schedule.parse("0:60")))
+    monitor = Monitor(cpu or SimCpu(node), None, config)
+    for name, tokens in (("web", 150), ("batch", 100)):
+        monitor.submit(PodAdded(PodSpec(name=name, tokens=tokens, cgroup=name, owned=True)))
+    return node, monitor
+
+
+def budget_holds(monitor: Monitor) -> bool:
+    """Σ price × limit ≤ R + k·Q/T for every pod, as the tick and the fast path promise."""
+    policy = monitor.config.policy_config
+    for pod in monitor.registry.running.values():
+        spend = sum(state.price * state.limit for state in pod.resources.values())
+        budget = pod.spec.tokens + policy.burst_factor * pod.token_queue / monitor.config.period
+        if spend > budget * (1 + 1e-9) + 1e-9:
+            return False
+    return True
+
+
+def test_a_burst_is_met_within_one_watch_interval() -> None:
+    node, monitor = burst_node()
+    for _ in range(5):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    web = monitor.registry.running["local/web"].resources[Resource.CPU]
+    assert web.limit < 120.0
+    raises = monitor.stats.fast_raises
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert web.limit >= 120.0
+    assert monitor.stats.fast_raises == raises + 1
+    assert monitor.snapshot()["fast_raises"] == raises + 1
+    assert budget_holds(monitor)
+
+
+def test_the_tick_after_a_raise_does_not_count_what_it_answered() -> None:
+    node, monitor = burst_node()
+    for _ in range(5):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    web = monitor.registry.running["local/web"].resources[Resource.CPU]
+    assert not web.starved
+    assert web.limit >= 120.0
+
+
+@pytest.mark.parametrize("kernel_shares", [True, False])
+def test_every_tick_and_every_raise_keep_budgets_and_the_node(kernel_shares: bool) -> None:
+    node, monitor = burst_node(replace(CONFIG, kernel_shares=kernel_shares))
+    for _ in range(15):
+        monitor.tick(node.now)
+        assert budget_holds(monitor)
+        for step in range(10):
+            if step:
+                monitor.watch(node.now)
+                assert budget_holds(monitor)
+                limits = node.limit[:, Resource.CPU]
+                assert np.all(np.isfinite(limits)) and np.all(limits > 0)
+                assert np.all(limits <= 200.0)
+                if not kernel_shares:
+                    assert limits.sum() <= 200.0 + 1e-6
+            node.advance(0.1)
+    assert monitor.stats.fast_raises >= 1
+
+
+def test_no_watch_at_zero_and_no_fast_path_for_the_baselines() -> None:
+    for config in (replace(CONFIG, watch_interval=0.0), replace(CONFIG, policy="static")):
+        node, monitor = burst_node(config)
+        for _ in range(8):
+            monitor.tick(node.now)
+            run_period(node, monitor, 1.0)
+        assert monitor.stats.fast_raises == 0
+
+
+class VanishingCpu(SimCpu):
+    """Between ticks one pod's cgroup vanishes and the other's counter runs backwards."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__(node)
+        self.broken = False
+
+    def read_throttled(self, cgroup: str) -> int:
+        if self.broken and cgroup == "web":
+            raise CgroupGone("cpu.stat of web is gone")
+        if self.broken and cgroup == "batch":
+            return 0
+        return super().read_throttled(cgroup)
+
+
+def test_a_vanished_cgroup_or_a_counter_gone_backwards_is_skipped() -> None:
+    node = SimNode(cores=2, gpus=0)
+    cpu = VanishingCpu(node)
+    node, monitor = burst_node(cpu=cpu)
+    cpu.node = node
+    for _ in range(6):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    raises = monitor.stats.fast_raises
+    cpu.broken = True
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert monitor.stats.fast_raises == raises
+    assert set(monitor.registry.running) == {"local/web", "local/batch"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(-0.1, "must not be negative"), ("fast", "finite number"), (2.0, "not be longer")],
+)
+def test_a_bad_watch_interval_names_the_key(value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        config_from_mapping({"agent": {"watch_interval": value}}, "test")
+    assert "agent.watch_interval" in str(caught.value)
+
+
+BURST_AFTER_IDLE = [sys.executable, "-c", "import time; time.sleep(2.5)\nwhile True: pass"]
+
+
+def test_fast_raises_keep_the_budget_on_real_cgroups(
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+) -> None:
+    """A real process idles, then spins: the watch raises its quota between ticks, and at
+    every tick and every raise what the pod holds is within its budget."""
+    cgroups, parent = real_cgroups
+    name = f"{parent}/burst"
+    cgroups.create(name)
+    monitor = Monitor(cgroups, None, CONFIG)
+    process = subprocess.Popen(BURST_AFTER_IDLE)
+    try:
+        cgroups.attach(name, process.pid)
+        monitor.submit(PodAdded(PodSpec(name="burst", tokens=150, cgroup=name)))
+        ticks_at_raise: list[int] = []
+        deadline = time.monotonic() + 30.0
+        next_tick = time.monotonic()
+        while not ticks_at_raise and time.monotonic() < deadline:
+            now = time.monotonic()
+            if now >= next_tick:
+                monitor.tick(now)
+                next_tick = now + 1.0
+            else:
+                raised = monitor.stats.fast_raises
+                monitor.watch(now)
+                if monitor.stats.fast_raises > raised:
+                    ticks_at_raise.append(monitor.stats.ticks)
+            assert budget_holds(monitor)
+            pod = monitor.registry.running["local/burst"]
+            assert cgroups.read_limit(name) == pytest.approx(
+                pod.resources[Resource.CPU].limit, abs=0.01
+            )
+            time.sleep(0.1)
+        assert ticks_at_raise, "the watch never raised the spinning process's quota"
+    finally:
+        process.kill()
+        process.wait()
+        monitor.restore()
+    assert cgroups.read_limit(name) is None
