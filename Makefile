@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lint test demo bench proto clean
+.PHONY: venv lint test demo bench bench-real proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_tick.py
+
+# Real nginx, wrk and stress-ng on real cgroups (root; installs them from Debian if missing).
+bench-real: $(STAMP)
+	$(BIN)/python bench/bench_real.py --json bench-real.json
 
 # The kubelet APIs' Python modules are generated from their .proto files and committed.
 proto: $(STAMP)

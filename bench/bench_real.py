@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,15 @@ http {{
 """
 
 
+ATTACH = (
+    "import os, sys; n = int(sys.argv[1]); "
+    "[open(p, 'w').write(str(os.getpid())) for p in sys.argv[2:2 + n]]; "
+    "os.execvp(sys.argv[2 + n], sys.argv[2 + n:])"
+)
+"""Move this process into the static case's cgroup, then exec the workload: its children are
+born inside, as under `kuscale launch`."""
+
+
 class Unavailable(RuntimeError):
     """What this machine lacks to run the benchmark, and how to get it."""
 
@@ -97,7 +106,10 @@ def ensure_tools() -> None:
         raise Unavailable(f"missing {', '.join(missing)}: run `apt-get install {packages}` as root")
     print(f"installing {packages} from Debian ...", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages.split()]):
+    for command in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", *packages.split()],
+    ):
         subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -110,8 +122,11 @@ def free_port() -> int:
 def write_site(prefix: Path, port: int) -> Path:
     """The nginx prefix: its config, and a page of random words that compresses like text."""
     rng = random.Random(1)
-    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)]
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ]
     page = " ".join(rng.choices(words, k=PAGE_BYTES // 5))[:PAGE_BYTES]
+    prefix.chmod(0o755)
     (prefix / "www").mkdir(parents=True)
     (prefix / "tmp").mkdir()
     (prefix / "www" / "page.txt").write_text(page)
@@ -170,10 +185,23 @@ class WrkResult:
 
 def run_wrk(port: int, seconds: float) -> WrkResult:
     out = subprocess.run(
-        ["wrk", "-t1", "-c8", f"-d{seconds:g}s", "--latency", "-H", "Accept-Encoding: gzip",
-         f"http://127.0.0.1:{port}/page.txt"],
-        capture_output=True, text=True, check=True, timeout=seconds + 60,
+        [
+            "wrk",
+            "-t1",
+            "-c8",
+            f"-d{seconds:g}s",
+            "--latency",
+            "-H",
+            "Accept-Encoding: gzip",
+            f"http://127.0.0.1:{port}/page.txt",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 60,
     ).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"nginx did not serve the page cleanly:\n{out}")
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     return WrkResult(requests, _latency(out, "50%"), _latency(out, "99%"))
 
@@ -204,8 +232,21 @@ class Node:
         config = self.state / "agent.toml"
         config.write_text(CONFIG.format(watch=watch))
         self.agent = subprocess.Popen(
-            [*KUSCALE, "agent", "--local", "--state-dir", str(self.state), "--gpus", "0",
-             "--policy", self.policy, "--config", str(config), "--metrics-address", ""],
+            [
+                *KUSCALE,
+                "agent",
+                "--local",
+                "--state-dir",
+                str(self.state),
+                "--gpus",
+                "0",
+                "--policy",
+                self.policy,
+                "--config",
+                str(config),
+                "--metrics-address",
+                "",
+            ],
             stderr=subprocess.DEVNULL,
         )
 
@@ -214,17 +255,37 @@ class Node:
         if self.policy is None:
             self.cgroups.create(cgroup)
             self.cgroups.write_limit(cgroup, float(tokens))
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.cgroups.attach(cgroup, process.pid)
+            procs = [str(root / cgroup / "cgroup.procs") for root in self._roots()]
+            process = subprocess.Popen(
+                [sys.executable, "-c", ATTACH, str(len(procs)), *procs, *command],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         else:
             process = subprocess.Popen(
-                [*KUSCALE, "launch", "--state-dir", str(self.state), "--tokens", str(tokens),
-                 "--name", name, "--cgroup-parent", self.parent, "--", *command],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    *KUSCALE,
+                    "launch",
+                    "--state-dir",
+                    str(self.state),
+                    "--tokens",
+                    str(tokens),
+                    "--name",
+                    name,
+                    "--cgroup-parent",
+                    self.parent,
+                    "--",
+                    *command,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             wait_for(lambda: self.adopted(name), 20.0)
         self.processes.append(process)
         return cgroup
+
+    def _roots(self) -> set[Path]:
+        return {self.cgroups.cpu_root, self.cgroups.usage_root}
 
     def adopted(self, name: str) -> bool:
         try:
@@ -286,7 +347,9 @@ def nginx_command(prefix: Path) -> tuple[list[str], int]:
     return ["nginx", "-p", str(prefix), "-c", str(conf)], port
 
 
-def burst_after_idle(policy: str | None, idle: float, burst: float, watch: float, needed: float | None) -> dict[str, Any]:
+def burst_after_idle(
+    policy: str | None, idle: float, burst: float, watch: float, needed: float | None
+) -> dict[str, Any]:
     prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
     try:
         with node(policy, watch) as here:
@@ -326,11 +389,23 @@ def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, 
             wait_for(lambda: _answers(port), 20.0)
             metrics = prefix / "stress.yaml"
             stress = here.launch(
-                "neighbour", NEIGHBOUR_TOKENS,
-                ["stress-ng", "--cpu", "2", "--timeout", f"{burst + 30:g}", "--metrics-brief",
-                 "--yaml", str(metrics)],
+                "neighbour",
+                NEIGHBOUR_TOKENS,
+                [
+                    "stress-ng",
+                    "--cpu",
+                    "2",
+                    "--timeout",
+                    f"{burst + 30:g}",
+                    "--metrics-brief",
+                    "--yaml",
+                    str(metrics),
+                ],
             )
-            logs = {name: LimitLog(here.cgroups, cgroup) for name, cgroup in (("web", web), ("neighbour", stress))}
+            logs = {
+                name: LimitLog(here.cgroups, cgroup)
+                for name, cgroup in (("web", web), ("neighbour", stress))
+            }
             threads = [threading.Thread(target=log.run, daemon=True) for log in logs.values()]
             for thread in threads:
                 thread.start()
@@ -398,7 +473,9 @@ def table(burst: list[dict[str, Any]], shared: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--idle", type=float, default=8.0, help="seconds idle before the burst")
     parser.add_argument("--burst", type=float, default=15.0, help="seconds of wrk load")
     parser.add_argument("--watch", type=float, default=0.1, help="the agent's watch_interval")
@@ -421,7 +498,9 @@ def main() -> int:
     shared = [with_neighbour(policy, args.burst, args.watch) for policy in ("kuscale", None)]
     print(table(burst, shared))
     if args.json:
-        args.json.write_text(json.dumps({"burst_after_idle": burst, "with_neighbour": shared}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"burst_after_idle": burst, "with_neighbour": shared}, indent=2) + "\n"
+        )
         print(f"figures written to {args.json}")
     return 0
 
