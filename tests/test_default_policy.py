@@ -378,3 +378,18 @@ def test_a_starved_pod_leaps_to_what_its_budget_buys() -> None:
     config = PolicyConfig(burst_factor=0.05, burst_seconds=60.0)
     # The period at 10 % saved 140 tokens: the budget is 150 + 0.05 × 140.
     assert KuscalePolicy(config).decide(starved).limits[0, 0] == pytest.approx(157.0)
+
+
+def test_a_leap_takes_only_the_budget_the_other_resource_does_not_need() -> None:
+    """A pinned GPU may leap only into what the pod's CPU estimate leaves of its budget."""
+    policy = KuscalePolicy(PolicyConfig())
+    demand = arr([40.0, 100.0])
+    starved = np.array([[False, True]])
+    limits = arr([45.0, 50.0])
+    capped = policy.leap_within_budget(demand, starved, limits, PRICES[None, :], np.array([240.0]))
+    # 240 tokens less the CPU's 40 leave 200, which buy 66.7 % of the GPU.
+    assert capped[0] == pytest.approx([40.0, 200.0 / 3.0])
+    kept = policy.leap_within_budget(
+        demand, starved, arr([45.0, 80.0]), PRICES[None, :], np.array([240.0])
+    )
+    assert kept[0, 1] == pytest.approx(80.0)

@@ -82,6 +82,7 @@ class KuscalePolicy:
         )
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = obs.tokens + cfg.burst_factor * queue / obs.period
+        demand = self.leap_within_budget(demand, obs.starved, obs.limits, prices, budget)
         available = obs.tokens * obs.period
         lower = np.broadcast_to(self.minimums, obs.usage.shape)
         prices_each = np.broadcast_to(self.prices, obs.usage.shape)
@@ -109,6 +110,24 @@ class KuscalePolicy:
             queue=queue,
             demand=np.where(obs.uses, demand, 0.0),
         )
+
+    def leap_within_budget(
+        self,
+        demand: FloatArray,
+        starved: BoolArray,
+        limits: FloatArray,
+        prices: FloatArray,
+        budget: FloatArray,
+    ) -> FloatArray:
+        """A starved resource's leap takes only the budget its pod's other resources do not
+        need for their own estimates (and never less than the limit it holds): otherwise a
+        leap on the dear GPU starves the CPU of the same pod, whose leap then starves the
+        GPU, and the pod pays for both."""
+        spend = prices * demand
+        others = spend.sum(axis=1, keepdims=True) - spend
+        room = (budget[:, None] - others) / np.where(prices > 0, prices, 1.0)
+        capped = np.minimum(demand, np.maximum(room, limits))
+        return np.where(starved, capped, demand)
 
     def raise_starved(self, obs: Starving) -> FloatArray:
         """The fast path: a pod throttled between ticks gets at once the largest CPU limit
