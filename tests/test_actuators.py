@@ -88,7 +88,7 @@ def test_a_take_over_that_fails_part_way_gives_back_what_it_lifted(tmp_path: Pat
     actuator = CgroupActuator(cgroups)
     spec = PodSpec(name="x", tokens=30, cgroup=pod, containers=leaves)
     with pytest.raises(BackendError, match="refused"):
-        actuator.hold(spec)
+        actuator.hold(spec, actuator.inspect(spec))
     assert cgroups.read_limit(leaves[0]) == pytest.approx(40.0)
 
 
@@ -101,7 +101,8 @@ def test_a_container_that_exited_is_passed_over_when_giving_back(tmp_path: Path)
     cgroups = CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct")
     actuator = CgroupActuator(cgroups)
     spec = PodSpec(name="x", tokens=30, cgroup=pod, containers=(leaf,))
-    held = actuator.hold(spec)
+    held = actuator.inspect(spec)
+    actuator.hold(spec, held)
     assert cgroups.read_limit(leaf) is None
     (tmp_path / "cpu" / leaf / "cpu.cfs_quota_us").unlink()
     actuator.release(spec, held)

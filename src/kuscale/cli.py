@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 from kuscale.backends.base import BackendError
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
-from kuscale.local.statedir import StateDirError
+from kuscale.local.statedir import StateDir, StateDirError
 from kuscale.logs import setup_logging
 from kuscale.model import InvalidSpec, validate_pod_name, validate_tokens
+from kuscale.originals import OriginalsRecord, RecordError
 
 log = logging.getLogger("kuscale")
 
@@ -84,6 +85,17 @@ def _default_name(command: Sequence[str]) -> str:
     return f"{base}-{uuid.uuid4().hex[:6]}"
 
 
+KUBERNETES_RECORD_DIR = Path("/var/lib/kuscale/originals")
+
+
+def _record_dir(args: argparse.Namespace) -> Path:
+    if args.record_dir is not None:
+        return Path(args.record_dir)
+    if getattr(args, "state_dir", None) is not None:
+        return StateDir(args.state_dir).originals
+    return KUBERNETES_RECORD_DIR
+
+
 def _add_agent_parser(agent: argparse.ArgumentParser) -> None:
     mode = agent.add_mutually_exclusive_group(required=True)
     mode.add_argument(
@@ -97,6 +109,13 @@ def _add_agent_parser(agent: argparse.ArgumentParser) -> None:
         help="manage the pods the kubelet gave kuscale.com/token, and advertise the tokens",
     )
     agent.add_argument("--state-dir", type=Path, help="local mode's state dir (required there)")
+    agent.add_argument(
+        "--record-dir",
+        type=Path,
+        help="where what every pod had before kuscale is recorded, for a restarted agent and "
+        f"`kuscale restore` (default: STATE/originals locally, {KUBERNETES_RECORD_DIR} on "
+        "Kubernetes, a hostPath)",
+    )
     _add_kubelet_options(agent)
     agent.add_argument(
         "--gpus",
@@ -264,6 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cgroup-parent", default="kuscale")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
+    restore = sub.add_parser(
+        "restore", help="give back everything an agent recorded, with no agent running"
+    )
+    record = restore.add_mutually_exclusive_group(required=True)
+    record.add_argument("--state-dir", type=Path, help="a local agent's state dir")
+    record.add_argument("--record-dir", type=Path, help="a Kubernetes agent's record dir")
+    restore.add_argument(
+        "--config", type=Path, help="the agent's config ([gpu_layer] root, Kubernetes mode)"
+    )
+
     status = sub.add_parser("status", help="show every pod the local agent manages")
     status.add_argument("--state-dir", type=Path, required=True)
     status.add_argument("--json", action="store_true")
@@ -350,7 +379,18 @@ def _kubernetes_agent(
         KubeletPaths(args.kubelet_dir, args.pod_resources_socket),
         listeners=listeners,
         resize=args.actuator == "resize",
+        originals=_locked_record(args),
     )
+
+
+def _locked_record(args: argparse.Namespace) -> OriginalsRecord:
+    """The record of originals, held by this agent until it exits."""
+    record = OriginalsRecord(_record_dir(args))
+    try:
+        record.lock()
+    except RecordError as err:
+        raise CliError(str(err)) from None
+    return record
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -385,6 +425,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             gpus=args.gpus,
             gpu_root=args.gpu_root,
             listeners=listeners,
+            originals=_locked_record(args),
         )
     if args.metrics_address:
         try:
@@ -434,6 +475,42 @@ def cmd_launch(args: argparse.Namespace) -> int:
     name = args.name or _default_name(command)
     spec = prepare(state, cgroups, args.cgroup_parent, name, args.tokens, args.gpu, command)
     exec_in_cgroup(state, cgroups, spec, command)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """The operator's escape hatch after a crash or an uninstall: every recorded pod gets
+    back what it had, straight from the record; refused while an agent holds it."""
+    from kuscale.actuators.cgroup import CgroupActuator
+    from kuscale.backends.cgroup import detect
+    from kuscale.backends.vgpu import VgpuLayer
+    from kuscale.originals import give_back
+
+    directory = _record_dir(args)
+    record = OriginalsRecord(directory)
+    if not directory.is_dir():
+        print(f"nothing recorded in {directory}")
+        return 0
+    try:
+        record.lock()
+    except RecordError as err:
+        raise CliError(f"{err}: stop it first (a clean stop gives everything back)") from None
+    gpu_root = StateDir(args.state_dir).vgpu if args.state_dir is not None else None
+    if args.config is not None:
+        layer = load_config(args.config).gpu_layer
+        gpu_root = Path(layer.root) if layer.kind == "vgpu" else None
+    gpu = VgpuLayer(gpu_root) if gpu_root is not None and gpu_root.is_dir() else None
+    cgroups = detect()
+    failed = 0
+    for original in record.entries():
+        try:
+            give_back(original, CgroupActuator(cgroups), cgroups, gpu)
+            record.drop(original.key)
+        except (BackendError, RecordError) as err:
+            failed += 1
+            print(f"{original.key}: not given back: {err}", file=sys.stderr)
+            continue
+        print(f"{original.key}: given back (cgroup {original.cgroup})")
+    return 1 if failed else 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -676,6 +753,7 @@ COMMANDS = {
     "agent": cmd_agent,
     "launch": cmd_launch,
     "status": cmd_status,
+    "restore": cmd_restore,
     "demo": cmd_demo,
     "top": cmd_top,
     "plot": cmd_plot,

@@ -33,6 +33,15 @@ MIN_SHARES = 2
 MAX_SHARES = 262_144
 """The kernel's range of cgroup v1 cpu.shares (v2 cpu.weight is mapped onto it)."""
 
+SHARES_PER_100_TOKENS = 1024
+"""cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
+
+
+def shares_for_tokens(tokens: int) -> int:
+    """cpu.shares in proportion to tokens, inside the kernel's range."""
+    return min(max(round(tokens * SHARES_PER_100_TOKENS / 100), MIN_SHARES), MAX_SHARES)
+
+
 DEFAULT_WINDOW = 15
 """Samples of usage history kept per resource: a bounded window, never a growing list."""
 
@@ -139,6 +148,23 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
+class Original:
+    """What a pod had before kuscale first changed anything of it: one entry of the durable
+    record, written before the first change and removed once it is given back."""
+
+    key: str
+    uid: str
+    cgroup: str
+    held: Held
+    """The pod's CPU limit and its containers', as the actuator found them."""
+    shares: int | None = None
+    """cpu.shares before kuscale set them from tokens (None: kuscale does not set them)."""
+    vgpu_id: str | None = None
+    gpu_limit: float | None = None
+    """The GPU share before kuscale (None: unlimited); meaningful only with `vgpu_id`."""
+
+
+@dataclass(frozen=True, slots=True)
 class CpuCounters:
     """Cumulative CPU counters of one cgroup, as the kernel keeps them."""
 
@@ -183,6 +209,8 @@ class PodState:
     gpu_baseline: int | None = None
     held: Held | None = None
     """What the CPU actuator found when it took the pod over, to give back."""
+    original: Original | None = None
+    """Everything the pod had before kuscale, as recorded before the first change."""
     restore_shares: int | None = None
     """cpu.shares before kuscale set them from tokens (None: not changed)."""
     throttle_mark: int = 0

@@ -14,7 +14,7 @@ import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
@@ -27,23 +27,26 @@ from kuscale.config import AgentConfig
 from kuscale.logs import event
 from kuscale.model import (
     INITIAL_LIMIT,
-    MAX_SHARES,
-    MIN_SHARES,
     RESOURCES,
+    Original,
     PodSpec,
     PodState,
     PodStatus,
     Registry,
     Resource,
     ResourceState,
+    shares_for_tokens,
 )
+from kuscale.originals import OriginalsRecord, RecordError, give_back
 from kuscale.policy import Observation, Policy, make_policy
 from kuscale.policy.base import FloatArray, Starving
 
 log = logging.getLogger("kuscale.monitor")
 
-SHARES_PER_100_TOKENS = 1024
-"""cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
+
+RECORD_GRACE = 30.0
+"""Seconds a starting agent waits for its sources to offer again a pod an earlier agent left
+in the record, before giving it back from the record."""
 
 WRITE_RESOLUTION = 0.01
 """A rise smaller than this (percent) over what is already written is not written. Every
@@ -118,10 +121,16 @@ class Monitor:
         on_tick: Callable[[dict[str, Any]], None] | None = None,
         on_completed: Callable[[PodState], None] | None = None,
         actuator: CpuActuator | None = None,
+        originals: OriginalsRecord | None = None,
     ) -> None:
         self.cpu = cpu
         self.gpu = gpu
         self.actuator = actuator or CgroupActuator(cpu)
+        self.originals = originals
+        """Where what pods had before kuscale is recorded; None keeps it in memory only."""
+        self._unclaimed: dict[str, Original] | None = None
+        """Entries of the record no running pod has taken over yet (read at the first tick)."""
+        self._unclaimed_since = 0.0
         self.config = config
         self.policy = policy or make_policy(config.policy, config.policy_config)
         self.registry = Registry()
@@ -157,9 +166,9 @@ class Monitor:
 
     def _withdraw(self, pod: PodState, reason: str) -> None:
         """A pod its source no longer offers as it was, which may still run: give back its
-        limits, then complete it."""
-        self._restore_pod(pod)
-        self._complete(pod, reason)
+        limits, then complete it (its record stays if something could not be given back)."""
+        given_back = self._restore_pod(pod)
+        self._complete(pod, reason, forget=given_back)
 
     def _drain(self, now: float) -> None:
         while True:
@@ -213,6 +222,8 @@ class Monitor:
             reason=reason,
         )
         self.registry.complete(pod.key, PodStatus.REFUSED, reason)
+        if pod.held is None and pod.restore_shares is None:
+            self._forget(pod)
 
     def _refusal(self, spec: PodSpec) -> str | None:
         if spec.vgpu_id is not None and self.gpu is None:
@@ -233,13 +244,13 @@ class Monitor:
         """Take a baseline, take the pod over (remembering what it had, to give it back), and
         set the initial limits. A retry after a failure part way takes nothing over twice."""
         spec = pod.spec
-        gpu_state = pod.resources.get(Resource.GPU)
-        if gpu_state is not None and self.gpu is not None and spec.vgpu_id is not None:
-            gpu_state.restore_limit = self.gpu.read_limit(spec.vgpu_id)
+        if self.gpu is not None and spec.vgpu_id is not None:
             pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
         pod.cpu_baseline = self.cpu.read(spec.cgroup)
         pod.throttle_mark = pod.cpu_baseline.nr_throttled
-        if not self.config.monitor_only:
+        if self.config.monitor_only:
+            self._give_back_recorded(spec)
+        else:
             self._take_over(pod)
         pod.last_update = now
         pod.status = PodStatus.RUNNING
@@ -263,11 +274,108 @@ class Monitor:
 
     def _take_over(self, pod: PodState) -> None:
         spec = pod.spec
+        if pod.original is None:
+            pod.original = self._record_original(spec)
+        original = pod.original
+        gpu_state = pod.resources.get(Resource.GPU)
+        if gpu_state is not None:
+            gpu_state.restore_limit = original.gpu_limit
         if pod.held is None:
-            pod.held = self.actuator.hold(spec)
+            self.actuator.hold(spec, original.held)
+            pod.held = original.held
         if self.config.kernel_shares and pod.restore_shares is None:
-            pod.restore_shares = self.cpu.read_shares(spec.cgroup)
+            pod.restore_shares = original.shares
             self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
+
+    def _record_original(self, spec: PodSpec) -> Original:
+        """What the pod has now, recorded before anything is changed; or, for a pod an
+        earlier agent took over and never gave back, what that agent recorded. A record that
+        cannot be written refuses the pod: no change is made that could not be undone."""
+        current = Original(
+            key=spec.key,
+            uid=spec.uid,
+            cgroup=spec.cgroup,
+            held=self.actuator.inspect(spec),
+            shares=self.cpu.read_shares(spec.cgroup) if self.config.kernel_shares else None,
+            vgpu_id=spec.vgpu_id if self.gpu is not None else None,
+            gpu_limit=self.gpu.read_limit(spec.vgpu_id)
+            if self.gpu is not None and spec.vgpu_id is not None
+            else None,
+        )
+        if self.originals is None:
+            return current
+        recorded = self.originals.get(spec.key)
+        if recorded is not None and (recorded.cgroup, recorded.uid) == (spec.cgroup, spec.uid):
+            self._pod_event(
+                spec,
+                logging.WARNING,
+                "adopted_recorded",
+                "pod %s was left by an agent that stopped without giving it back: adopted "
+                "with the originals it recorded; its token queue starts afresh",
+            )
+            return replace(
+                recorded,
+                shares=current.shares if recorded.shares is None else recorded.shares,
+                vgpu_id=current.vgpu_id if recorded.vgpu_id is None else recorded.vgpu_id,
+                gpu_limit=current.gpu_limit if recorded.vgpu_id is None else recorded.gpu_limit,
+            )
+        try:
+            self.originals.save(current)
+        except RecordError as err:
+            self.stats.errors["record"] += 1
+            raise Unmanageable(
+                f"its originals cannot be recorded, so nothing is changed: {err}"
+            ) from err
+        return current
+
+    def _give_back_recorded(self, spec: PodSpec) -> None:
+        """A monitor-only agent changes nothing, so what kuscale set before it (a launch's
+        first quota, a crashed agent's limits) goes back to the recorded originals."""
+        recorded = None if self.originals is None else self.originals.get(spec.key)
+        if recorded is None or self.originals is None:
+            return
+        try:
+            give_back(recorded, self.actuator, self.cpu, self.gpu)
+            self.originals.drop(spec.key)
+        except (BackendError, RecordError) as err:
+            self.stats.errors["record"] += 1
+            log.warning("cannot give back %s from the record: %s", spec.key, err)
+
+    def _settle_record(self, now: float) -> None:
+        """Entries an earlier agent left: dropped at once where the cgroup is gone; given
+        back from the record where no source offers the pod again within RECORD_GRACE (a
+        pod that lost its tokens, or a workload whose registration is gone, while no agent
+        ran). Adopted pods take their entries over."""
+        if self.originals is None:
+            return
+        if self._unclaimed is None:
+            self._unclaimed = {o.key: o for o in self.originals.entries()}
+            self._unclaimed_since = now
+        for key in [k for k in self._unclaimed if k in self.registry.running]:
+            del self._unclaimed[key]
+        overdue = now - self._unclaimed_since >= RECORD_GRACE
+        for key, original in list(self._unclaimed.items()):
+            if self.cpu.exists(original.cgroup) and not overdue:
+                continue
+            del self._unclaimed[key]
+            try:
+                give_back(original, self.actuator, self.cpu, self.gpu)
+                self.originals.drop(key)
+            except (BackendError, RecordError) as err:
+                self.stats.errors["record"] += 1
+                log.warning("cannot give back %s from the record: %s", key, err)
+                continue
+            log.warning("gave back %s from the record: no source offered it again", key)
+
+    def _forget(self, pod: PodState) -> None:
+        """Drop the pod's record: it was given back, or never changed, or is gone."""
+        if self.originals is None:
+            return
+        try:
+            self.originals.drop(pod.key)
+        except RecordError as err:
+            self.stats.errors["record"] += 1
+            log.warning("%s", err)
 
     def _initial_limit(self, spec: PodSpec) -> float:
         """The original's 10 %, or less where the pod's tokens cannot pay for 10 % of every
@@ -276,7 +384,7 @@ class Monitor:
         cost = float(sum(self._prices[r] for r in spec.resources))
         return min(INITIAL_LIMIT, spec.tokens / cost)
 
-    def _complete(self, pod: PodState, reason: str) -> None:
+    def _complete(self, pod: PodState, reason: str, forget: bool = True) -> None:
         self._pod_event(
             pod.spec,
             logging.INFO,
@@ -289,6 +397,8 @@ class Monitor:
         self.registry.complete(pod.key, PodStatus.COMPLETED, reason)
         if pod.spec.owned:
             self._remove_owned(pod)
+        if forget:
+            self._forget(pod)
         if self.on_completed:
             self.on_completed(pod)
 
@@ -342,6 +452,7 @@ class Monitor:
         ]
         if measured:
             self._decide(measured)
+        self._settle_record(now)
         if self.gpu is not None and not self.config.monitor_only:
             try:
                 self.gpu.commit()
@@ -638,12 +749,16 @@ class Monitor:
     def restore(self) -> None:
         """Put back every limit kuscale changed, so no workload stays throttled behind it."""
         for pod in self.registry.running.values():
-            self._restore_pod(pod)
+            if self._restore_pod(pod):
+                self._forget(pod)
+        log.info("restored the limits of %d pods", len(self.registry.running))
 
-    def _restore_pod(self, pod: PodState) -> None:
+    def _restore_pod(self, pod: PodState) -> bool:
         """What one pod had before kuscale: on shutdown, and when its source withdraws it
-        while it may still run (a Kubernetes pod that lost its tokens)."""
+        while it may still run (a Kubernetes pod that lost its tokens). False when some of it
+        could not be put back: its record must then stay, for the next agent or `restore`."""
         spec = pod.spec
+        given_back = True
         try:
             if pod.restore_shares is not None:
                 self.cpu.write_shares(spec.cgroup, pod.restore_shares)
@@ -652,8 +767,11 @@ class Monitor:
                 self.actuator.release(spec, pod.held)
                 pod.held = None
                 pod.resources[Resource.CPU].changed = False
+        except CgroupGone:
+            pass
         except BackendError as err:
             self._count_error(pod, err)
+            given_back = False
         gpu_state = pod.resources.get(Resource.GPU)
         if gpu_state is not None and gpu_state.changed and self.gpu and spec.vgpu_id:
             try:
@@ -661,12 +779,13 @@ class Monitor:
                 gpu_state.changed = False
             except BackendError as err:
                 self._count_error(pod, err)
+                given_back = False
         if self.gpu is not None:
             try:
                 self.gpu.commit()
             except BackendError as err:
                 log.warning("GPU layer reload failed during restore: %s", err)
-        log.info("restored the limits of %d pods", len(self.registry.running))
+        return given_back
 
     # Export.
 
@@ -688,11 +807,6 @@ class Monitor:
             "errors": dict(self.stats.errors),
             "pods": [pod_view(pod) for pod in pods],
         }
-
-
-def shares_for_tokens(tokens: int) -> int:
-    """cpu.shares in proportion to tokens, inside the kernel's range."""
-    return min(max(round(tokens * SHARES_PER_100_TOKENS / 100), MIN_SHARES), MAX_SHARES)
 
 
 def pod_view(pod: PodState) -> dict[str, Any]:

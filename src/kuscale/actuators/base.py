@@ -10,9 +10,15 @@ from kuscale.model import Held, PodSpec
 class CpuActuator(Protocol):
     mode: str
 
-    def hold(self, spec: PodSpec) -> Held:
-        """Take the pod over: read what it has, and make its own limit the one that binds.
-        Raises before changing anything when the pod cannot be managed this way."""
+    def inspect(self, spec: PodSpec) -> Held:
+        """What the pod has now, read without changing anything. Raises when the pod cannot
+        be managed this way."""
+        ...
+
+    def hold(self, spec: PodSpec, held: Held) -> None:
+        """Take the pod over, `held` being what it had before kuscale (read by `inspect`,
+        or recorded by an agent before this one): make its own limit the one that binds.
+        Raises having changed nothing when that fails part way."""
         ...
 
     def quantize(self, held: Held, limit: float) -> float:

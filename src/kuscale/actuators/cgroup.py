@@ -21,11 +21,13 @@ class CgroupActuator:
         self.cgroups = cgroups
         self.mode = "cgroup"
 
-    def hold(self, spec: PodSpec) -> Held:
-        held = Held(
+    def inspect(self, spec: PodSpec) -> Held:
+        return Held(
             self.cgroups.read_limit(spec.cgroup),
             tuple(ContainerLimit(leaf, self.cgroups.read_limit(leaf)) for leaf in spec.containers),
         )
+
+    def hold(self, spec: PodSpec, held: Held) -> None:
         lifted: list[ContainerLimit] = []
         try:
             for container in held.containers:
@@ -35,7 +37,6 @@ class CgroupActuator:
         except BackendError:
             self._put_back(lifted)
             raise
-        return held
 
     def quantize(self, held: Held, limit: float) -> float:
         return limit

@@ -55,7 +55,7 @@ class ResizeActuator:
         self.timeout = timeout
         self.mode = "resize"
 
-    def hold(self, spec: PodSpec) -> Held:
+    def inspect(self, spec: PodSpec) -> Held:
         pod = self._call(
             spec,
             lambda: self.core.read_namespaced_pod(
@@ -70,6 +70,9 @@ class ResizeActuator:
             )
         containers = tuple(_container_limit(c) for c in pod.spec.containers)
         return Held(sum(c.limit or 0.0 for c in containers), containers)
+
+    def hold(self, spec: PodSpec, held: Held) -> None:
+        """A resize binds as it is: nothing to lift."""
 
     def quantize(self, held: Held, limit: float) -> float:
         return sum(self._split(held, limit)) / MILLI_PER_PERCENT

@@ -29,6 +29,7 @@ from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.kubernetes.apiserver import NodePods
 from kuscale.kubernetes.discovery import KubernetesDiscovery
 from kuscale.monitor import Monitor
+from kuscale.originals import OriginalsRecord
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class KubernetesAgent(AgentLoop):
         cgroups: CgroupV1 | CgroupV2 | None = None,
         listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
         resize: bool = False,
+        originals: OriginalsRecord | None = None,
     ) -> None:
         self.cgroups = cgroups or detect()
         self.listeners = list(listeners)
@@ -63,6 +65,7 @@ class KubernetesAgent(AgentLoop):
             config,
             on_tick=self._on_tick,
             actuator=ResizeActuator(core) if resize else None,
+            originals=originals,
         )
         self.discovery = KubernetesDiscovery(
             NodePods(core, node),

@@ -15,6 +15,7 @@ from kuscale.local.discovery import LocalDiscovery
 from kuscale.local.statedir import StateDir
 from kuscale.model import PodState
 from kuscale.monitor import Monitor
+from kuscale.originals import OriginalsRecord
 
 log = logging.getLogger("kuscale.local")
 
@@ -30,13 +31,19 @@ class LocalAgent(AgentLoop):
         gpu_root: Path | None = None,
         cgroups: CgroupV1 | CgroupV2 | None = None,
         listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
+        originals: OriginalsRecord | None = None,
     ) -> None:
         self.state = state.ensure()
         self.cgroups = cgroups or detect()
         gpu = VgpuLayer(gpu_root or state.vgpu, gpus) if gpus > 0 else None
         self.listeners = list(listeners)
         self.monitor = Monitor(
-            self.cgroups, gpu, config, on_tick=self._on_tick, on_completed=self._on_completed
+            self.cgroups,
+            gpu,
+            config,
+            on_tick=self._on_tick,
+            on_completed=self._on_completed,
+            originals=originals or OriginalsRecord(state.originals),
         )
         self.discovery = LocalDiscovery(
             state, self.monitor.submit, interval=min(config.period / 2, 0.5)

@@ -14,9 +14,11 @@ from typing import NoReturn
 
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.backends.vgpu import VgpuLayer
+from kuscale.config import PolicyConfig
 from kuscale.gpuemu.client import GPU_SOCKET_ENV, VGPU_ENV
 from kuscale.local.statedir import StateDir, StateDirError
-from kuscale.model import PodSpec
+from kuscale.model import Held, Original, PodSpec, shares_for_tokens
+from kuscale.originals import OriginalsRecord
 
 
 def prepare(
@@ -43,10 +45,37 @@ def prepare(
     )
     if state.registration(name).exists():
         raise StateDirError(f"a workload named {name!r} is already registered in {state.path}")
+    if cgroups.exists(spec.cgroup):
+        if not cgroups.is_empty(spec.cgroup):
+            raise StateDirError(
+                f"cgroup {spec.cgroup} already exists and holds processes: "
+                "pick another --name or --cgroup-parent"
+            )
+        cgroups.remove(spec.cgroup)
     cgroups.create(spec.cgroup)
+    born_within_budget(state, cgroups, spec)
     if spec.vgpu_id is not None:
         VgpuLayer(state.vgpu).create(spec.vgpu_id)
     return spec
+
+
+def born_within_budget(state: StateDir, cgroups: CgroupV1 | CgroupV2, spec: PodSpec) -> None:
+    """A new cgroup gets at once the CPU quota and weight its tokens buy (at the default
+    CPU price), so the workload never runs beyond its budget before the agent adopts it.
+    What the fresh cgroup had (no quota, the default weight) is recorded first: it is what
+    the agent, or `kuscale restore`, gives back."""
+    OriginalsRecord(state.originals).save(
+        Original(
+            key=spec.key,
+            uid=spec.uid,
+            cgroup=spec.cgroup,
+            held=Held(cgroups.read_limit(spec.cgroup)),
+            shares=cgroups.read_shares(spec.cgroup),
+        )
+    )
+    quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
+    cgroups.write_limit(spec.cgroup, quota)
+    cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
 
 
 def exec_in_cgroup(

@@ -2,6 +2,7 @@
 
     DIR/pods/<name>.json   one registration per launched workload, written by `launch`
     DIR/status.json        the agent's latest snapshot, replaced atomically every tick
+    DIR/originals/         what every workload had before kuscale changed it (`originals`)
     DIR/vgpu/              the GPU emulator's vGPU layer
     DIR/gpu.sock           the GPU emulator's socket
 
@@ -44,6 +45,7 @@ class StateDir:
         self.status = path / "status.json"
         self.vgpu = path / "vgpu"
         self.gpu_socket = path / "gpu.sock"
+        self.originals = path / "originals"
 
     def ensure(self) -> StateDir:
         """Create the layout, and refuse a directory this process cannot write."""
