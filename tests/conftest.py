@@ -1,13 +1,19 @@
-"""Shared fixtures: real cgroups under a unique name, and trees shaped like the kernel's files."""
+"""Shared fixtures: real cgroups under a unique name, a local node of agent and workloads on
+them, and trees shaped like the kernel's files."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,6 +66,89 @@ def _kill_procs(directory: Path) -> None:
         if not (directory / "cgroup.procs").read_text().strip():
             return
         time.sleep(0.01)
+
+
+KUSCALE = [sys.executable, "-m", "kuscale"]
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+@dataclass
+class LocalNode:
+    state: Path
+    cgroups: CgroupV1 | CgroupV2
+    parent: str
+    agent: subprocess.Popen[bytes] | None = None
+
+    def start_agent(self, *extra: str) -> None:
+        self.agent = subprocess.Popen(
+            [
+                *KUSCALE,
+                "agent",
+                "--local",
+                "--state-dir",
+                str(self.state),
+                "--period",
+                "0.5",
+                "--gpus",
+                "0",
+                *extra,
+            ]
+        )
+
+    def launch(self, name: str, tokens: int, command: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                *KUSCALE,
+                "launch",
+                "--state-dir",
+                str(self.state),
+                "--tokens",
+                str(tokens),
+                "--name",
+                name,
+                "--cgroup-parent",
+                self.parent,
+                "--",
+                *command,
+            ]
+        )
+
+    def status(self) -> dict[str, Any]:
+        out = subprocess.run(
+            [*KUSCALE, "status", "--state-dir", str(self.state), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        data: dict[str, Any] = json.loads(out.stdout)
+        return data
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        try:
+            pods = self.status()["pods"]
+        except subprocess.CalledProcessError:
+            return None
+        return next((p for p in pods if p["name"] == name), None)
+
+
+@pytest.fixture
+def node(tmp_path: Path, real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> Iterator[LocalNode]:
+    cgroups, parent = real_cgroups
+    local = LocalNode(tmp_path / "state", cgroups, parent)
+    yield local
+    if local.agent is not None and local.agent.poll() is None:
+        local.agent.kill()
+        local.agent.wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.25) -> float:
+    """Seconds until predicate held; fails the test after `timeout`."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - started
 
 
 def write_files(directory: Path, files: dict[str, str]) -> Path:

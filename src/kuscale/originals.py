@@ -120,8 +120,10 @@ class OriginalsRecord:
 
     def drop(self, key: str) -> None:
         try:
-            self.path(key).unlink(missing_ok=True)
+            self.path(key).unlink()
             self._sync_directory()
+        except FileNotFoundError:
+            return
         except OSError as err:
             raise RecordError(f"cannot remove the record of {key}: {err}") from err
 

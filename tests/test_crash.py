@@ -1,0 +1,135 @@
+"""Fault injection on real cgroups: an agent killed with SIGKILL at random points of its loop
+never leaves a workload with a value kuscale set — not after a restarted agent's clean stop,
+not after `kuscale restore`. KUSCALE_FAULT_ROUNDS sets how many kills (default 5)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+
+from conftest import BUSY, KUSCALE, LocalNode, wait_for
+
+ROUNDS = int(os.environ.get("KUSCALE_FAULT_ROUNDS", "5"))
+DEFAULT_SHARES = 1024
+"""What a fresh cgroup has: the original kuscale must give back (no quota, this weight)."""
+
+
+def adopted(node: LocalNode, name: str) -> bool:
+    pod = node.pod(name)
+    return pod is not None and pod["status"] == "running" and pod["updated_count"] >= 1
+
+
+def kill_agent(node: LocalNode) -> None:
+    assert node.agent is not None
+    node.agent.send_signal(signal.SIGKILL)
+    node.agent.wait()
+
+
+def stop_agent(node: LocalNode) -> None:
+    assert node.agent is not None
+    node.agent.send_signal(signal.SIGTERM)
+    assert node.agent.wait(timeout=30) == 0
+
+
+def untouched(node: LocalNode, cgroup: str) -> bool:
+    return (
+        node.cgroups.read_limit(cgroup) is None
+        and node.cgroups.read_shares(cgroup) == DEFAULT_SHARES
+    )
+
+
+def test_a_killed_agent_is_followed_by_one_that_gives_back_the_truth(node: LocalNode) -> None:
+    rng = random.Random(int(os.environ.get("KUSCALE_FAULT_SEED", "7")))
+    cgroup = f"{node.parent}/busy"
+    workload = node.launch("busy", 30, BUSY)
+    try:
+        wait_for(lambda: node.cgroups.exists(cgroup), timeout=15, interval=0.05)
+        for _ in range(ROUNDS):
+            node.start_agent("--metrics-address", "")
+            time.sleep(rng.uniform(0.0, 1.5))
+            kill_agent(node)
+            node.start_agent("--metrics-address", "")
+            wait_for(lambda: adopted(node, "busy"), timeout=20)
+            time.sleep(rng.uniform(0.0, 1.0))
+            stop_agent(node)
+            assert untouched(node, cgroup)
+            assert workload.poll() is None
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_restore_after_a_kill_gives_back_the_truth_without_an_agent(node: LocalNode) -> None:
+    rng = random.Random(11)
+    cgroup = f"{node.parent}/busy"
+    workload = node.launch("busy", 30, BUSY)
+    try:
+        wait_for(lambda: node.cgroups.exists(cgroup), timeout=15, interval=0.05)
+        for _ in range(max(2, ROUNDS // 2)):
+            node.start_agent("--metrics-address", "")
+            wait_for(lambda: adopted(node, "busy"), timeout=20)
+            time.sleep(rng.uniform(0.0, 1.0))
+            kill_agent(node)
+            assert node.cgroups.read_limit(cgroup) is not None
+            restore = [*KUSCALE, "restore", "--state-dir", str(node.state)]
+            subprocess.run(restore, check=True, capture_output=True)
+            assert untouched(node, cgroup)
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_a_second_agent_on_the_same_state_dir_is_refused(node: LocalNode) -> None:
+    node.start_agent("--metrics-address", "")
+    try:
+        wait_for(lambda: node.state.joinpath("status.json").exists(), timeout=20)
+        second = subprocess.run(
+            [*KUSCALE, "agent", "--local", "--state-dir", str(node.state), "--gpus", "0"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode == 2
+        assert "an agent is running" in second.stderr
+        restore = [*KUSCALE, "restore", "--state-dir", str(node.state)]
+        refused = subprocess.run(restore, check=False, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 2
+        assert "stop it first" in refused.stderr
+    finally:
+        stop_agent(node)
+
+
+def test_launch_refuses_a_busy_cgroup_and_remakes_an_empty_one(node: LocalNode) -> None:
+    cgroup = f"{node.parent}/taken"
+    node.cgroups.create(cgroup)
+    node.cgroups.write_limit(cgroup, 25.0)
+    squatter = subprocess.Popen(BUSY)
+    try:
+        node.cgroups.attach(cgroup, squatter.pid)
+        launch = [*KUSCALE, "launch", "--state-dir", str(node.state), "--tokens", "50"]
+        refused = subprocess.run(
+            [*launch, "--name", "taken", "--cgroup-parent", node.parent, "--", "true"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode == 2
+        assert "holds processes" in refused.stderr
+    finally:
+        squatter.kill()
+        squatter.wait()
+    wait_for(lambda: node.cgroups.is_empty(cgroup), timeout=10, interval=0.05)
+    sleeper = node.launch("taken", 50, ["sleep", "30"])
+    try:
+        wait_for(lambda: not node.cgroups.is_empty(cgroup), timeout=15, interval=0.05)
+        # Born afresh with the quota its 50 tokens buy, not the 25 % left behind.
+        assert node.cgroups.read_limit(cgroup) == 50.0
+        assert node.cgroups.read_shares(cgroup) == 512
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -1,0 +1,181 @@
+"""The durable record of originals: written before any change, read by a restarted agent,
+given back by `kuscale restore`; a record that cannot be written refuses the pod."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
+
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.cli import main
+from kuscale.config import AgentConfig
+from kuscale.model import ContainerLimit, Held, Original, PodSpec, PodStatus, Resource
+from kuscale.monitor import RECORD_GRACE, Monitor, PodAdded
+from kuscale.originals import OriginalsRecord, RecordBusy, RecordError
+
+CONFIG = AgentConfig(period=0.5)
+ORIGINAL = Original(
+    key="default/web-0.cache",
+    uid="u-1",
+    cgroup="kubepods/burstable/podu1",
+    held=Held(80.0, (ContainerLimit("kubepods/burstable/podu1/c1", 50.0, 25.0),)),
+    shares=2048,
+    vgpu_id="kuscale-0",
+    gpu_limit=40.0,
+)
+
+
+def test_an_entry_reads_back_as_written_and_goes_when_dropped(tmp_path: Path) -> None:
+    record = OriginalsRecord(tmp_path / "originals")
+    record.save(ORIGINAL)
+    assert record.get(ORIGINAL.key) == ORIGINAL
+    assert list(record.entries()) == [ORIGINAL]
+    assert not list((tmp_path / "originals").glob(".*.tmp"))
+    record.drop(ORIGINAL.key)
+    assert record.get(ORIGINAL.key) is None
+    assert list(record.entries()) == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pod_limit": float("nan")},
+        {"pod_limit": -5},
+        {"shares": 1},
+        {"shares": "many"},
+        {"cgroup": "../../etc"},
+        {"cgroup": "/abs"},
+        {"key": "no-namespace"},
+        {"vgpu_id": "../x"},
+        {"containers": [{"name": "a/../../b", "limit": 1, "request": 0}]},
+        {"containers": [{"name": "a/b", "limit": 1, "request": -1}]},
+    ],
+)
+def test_an_entry_with_garbage_is_skipped_never_given_back(
+    tmp_path: Path, change: dict[str, object]
+) -> None:
+    record = OriginalsRecord(tmp_path)
+    record.save(ORIGINAL)
+    path = record.path(ORIGINAL.key)
+    path.write_text(json.dumps(json.loads(path.read_text()) | change))
+    assert record.get(ORIGINAL.key) is None
+    assert list(record.entries()) == []
+
+
+def test_files_that_are_not_entries_are_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "local_x.json").write_text("{not json")
+    assert list(OriginalsRecord(tmp_path).entries()) == []
+
+
+def test_one_agent_holds_the_record(tmp_path: Path) -> None:
+    first, second = OriginalsRecord(tmp_path), OriginalsRecord(tmp_path)
+    first.lock()
+    assert second.busy()
+    with pytest.raises(RecordBusy):
+        second.lock()
+    first.unlock()
+    assert not second.busy()
+
+
+def v1_pod(root: Path, quota: str = "-1\n") -> CgroupV1:
+    write_files(root / "cpu" / "pods" / "web", {**V1_CPU_FILES, "cpu.cfs_quota_us": quota})
+    write_files(root / "cpuacct" / "pods" / "web", V1_CPUACCT_FILES)
+    return CgroupV1(root / "cpu", root / "cpuacct")
+
+
+SPEC = PodSpec(name="web", tokens=30, cgroup="pods/web", uid="u-web")
+
+
+def test_an_agent_that_crashed_is_followed_by_one_that_gives_back_the_truth(
+    tmp_path: Path,
+) -> None:
+    cgroups = v1_pod(tmp_path / "tree")
+    record = OriginalsRecord(tmp_path / "record")
+    first = Monitor(cgroups, None, CONFIG, originals=record)
+    first.submit(PodAdded(SPEC))
+    first.tick(0.0)
+    assert record.get(SPEC.key) is not None
+    assert cgroups.read_limit("pods/web") == pytest.approx(10.0)
+    assert cgroups.read_shares("pods/web") == 307
+    # The first agent dies here without restoring anything; a second one starts.
+    second = Monitor(cgroups, None, CONFIG, originals=record)
+    second.submit(PodAdded(SPEC))
+    second.tick(10.0)
+    assert second.registry.running[SPEC.key].status is PodStatus.RUNNING
+    second.restore()
+    assert cgroups.read_limit("pods/web") is None
+    assert cgroups.read_shares("pods/web") == 1024
+    assert record.get(SPEC.key) is None
+
+
+class UnwritableRecord(OriginalsRecord):
+    def save(self, original: Original) -> None:
+        raise RecordError("No space left on device")
+
+
+def test_a_record_that_cannot_be_written_refuses_the_pod_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    cgroups = v1_pod(tmp_path, quota="50000\n")
+    monitor = Monitor(cgroups, None, CONFIG, originals=UnwritableRecord(tmp_path / "record"))
+    monitor.submit(PodAdded(SPEC))
+    monitor.tick(0.0)
+    refused = monitor.registry.completed[SPEC.key]
+    assert refused.status is PodStatus.REFUSED
+    assert "cannot be recorded" in refused.reason
+    assert monitor.stats.errors["record"] == 1
+    assert cgroups.read_limit("pods/web") == pytest.approx(50.0)
+    assert cgroups.read_shares("pods/web") == 1024
+
+
+def test_entries_no_source_offers_again_are_given_back_after_the_grace(tmp_path: Path) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="20000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(Original(key="local/web", uid="u", cgroup="pods/web", held=Held(None), shares=512))
+    record.save(Original(key="local/gone", uid="u", cgroup="pods/gone", held=Held(30.0)))
+    monitor = Monitor(cgroups, None, CONFIG, originals=record)
+    monitor.tick(0.0)
+    assert record.get("local/gone") is None
+    assert record.get("local/web") is not None
+    monitor.tick(RECORD_GRACE)
+    assert record.get("local/web") is None
+    assert cgroups.read_limit("pods/web") is None
+    assert cgroups.read_shares("pods/web") == 512
+
+
+def test_a_monitor_only_agent_gives_back_what_kuscale_set_before_it(tmp_path: Path) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(Original(key=SPEC.key, uid=SPEC.uid, cgroup=SPEC.cgroup, held=Held(None)))
+    monitor = Monitor(cgroups, None, AgentConfig(monitor_only=True), originals=record)
+    monitor.submit(PodAdded(SPEC))
+    monitor.tick(0.0)
+    assert cgroups.read_limit("pods/web") is None
+    assert record.get(SPEC.key) is None
+    assert monitor.registry.running[SPEC.key].resources[Resource.CPU].limit > 0
+
+
+def test_restore_gives_back_a_real_cgroup_and_refuses_while_an_agent_runs(
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cgroups, parent = real_cgroups
+    cgroup = f"{parent}/left"
+    cgroups.create(cgroup)
+    cgroups.write_limit(cgroup, 30.0)
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(Original(key="local/left", uid="u", cgroup=cgroup, held=Held(None)))
+    agent = OriginalsRecord(tmp_path / "record")
+    agent.lock()
+    assert main(["restore", "--record-dir", str(tmp_path / "record")]) == 2
+    assert "an agent is running" in capsys.readouterr().err
+    assert cgroups.read_limit(cgroup) == pytest.approx(30.0)
+    agent.unlock()
+    assert main(["restore", "--record-dir", str(tmp_path / "record")]) == 0
+    assert cgroups.read_limit(cgroup) is None
+    assert record.get("local/left") is None
