@@ -179,3 +179,15 @@ def test_restore_gives_back_a_real_cgroup_and_refuses_while_an_agent_runs(
     assert main(["restore", "--record-dir", str(tmp_path / "record")]) == 0
     assert cgroups.read_limit(cgroup) is None
     assert record.get("local/left") is None
+
+
+def test_the_limit_the_api_server_declares_wins_over_the_record(tmp_path: Path) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    declared = PodSpec(name="web", tokens=30, cgroup="pods/web", uid="u-web", declared_cpu=80.0)
+    record.save(Original(key=SPEC.key, uid=SPEC.uid, cgroup=SPEC.cgroup, held=Held(None)))
+    monitor = Monitor(cgroups, None, CONFIG, originals=record)
+    monitor.submit(PodAdded(declared))
+    monitor.tick(0.0)
+    monitor.restore()
+    assert cgroups.read_limit("pods/web") == pytest.approx(80.0)

@@ -109,6 +109,9 @@ class PodSpec:
     """True when kuscale created the cgroup and must remove it once the pod completes."""
     containers: tuple[str, ...] = ()
     """The leaf cgroups of the pod's containers, under `cgroup` (Kubernetes pods)."""
+    declared_cpu: float | None = None
+    """The pod's CPU limit as the API server declares it (Kubernetes pods whose every
+    container has `limits.cpu`), percent: the kubelet's truth, which wins over a record."""
 
     def __post_init__(self) -> None:
         validate_pod_name(self.name)

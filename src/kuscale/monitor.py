@@ -28,6 +28,7 @@ from kuscale.logs import event
 from kuscale.model import (
     INITIAL_LIMIT,
     RESOURCES,
+    Held,
     Original,
     PodSpec,
     PodState,
@@ -315,6 +316,7 @@ class Monitor:
             )
             return replace(
                 recorded,
+                held=self._declared_wins(spec, recorded.held),
                 shares=current.shares if recorded.shares is None else recorded.shares,
                 vgpu_id=current.vgpu_id if recorded.vgpu_id is None else recorded.vgpu_id,
                 gpu_limit=current.gpu_limit if recorded.vgpu_id is None else recorded.gpu_limit,
@@ -366,6 +368,23 @@ class Monitor:
                 log.warning("cannot give back %s from the record: %s", key, err)
                 continue
             log.warning("gave back %s from the record: no source offered it again", key)
+
+    def _declared_wins(self, spec: PodSpec, held: Held) -> Held:
+        """Where the API server declares the pod's CPU limit, that is what the kubelet gives
+        the pod cgroup: it wins over a record that says otherwise."""
+        declared = spec.declared_cpu
+        if declared is None or (held.pod is not None and abs(held.pod - declared) < 0.5):
+            return held
+        self._pod_event(
+            spec,
+            logging.WARNING,
+            "declared_wins",
+            "pod %s: the API server declares a CPU limit of %.1f %%, the record %s; the "
+            "declared limit is given back",
+            declared,
+            "none" if held.pod is None else f"{held.pod:.1f} %",
+        )
+        return replace(held, pod=declared)
 
     def _forget(self, pod: PodState) -> None:
         """Drop the pod's record: it was given back, or never changed, or is gone."""

@@ -19,6 +19,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from kuscale.actuators.resize import cpu_percent
+from kuscale.backends.base import BackendError
 from kuscale.kubernetes.podresources import TokenHolder
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ class PodView:
     """`runtime://id` of each container that has started."""
     declared: int
     """How many containers the pod's spec declares."""
+    declared_cpu: float | None = None
+    """The pod's CPU limit as its spec declares it, percent: the sum of its containers'
+    `limits.cpu` where each declares one (the kubelet then sets the pod cgroup's quota to
+    it); None where one does not (the pod cgroup is unlimited) or one cannot be read."""
 
     @property
     def started(self) -> bool:
@@ -65,7 +71,21 @@ def pod_view(pod: Any) -> PodView:
         qos=(status.qos_class if status is not None else None) or "",
         container_ids=tuple(s.container_id for s in statuses if s.container_id),
         declared=len(pod.spec.containers or []) if pod.spec is not None else 0,
+        declared_cpu=declared_cpu(pod.spec.containers or []) if pod.spec is not None else None,
     )
+
+
+def declared_cpu(containers: list[Any]) -> float | None:
+    total = 0.0
+    for container in containers:
+        limits = (container.resources.limits if container.resources is not None else None) or {}
+        if "cpu" not in limits:
+            return None
+        try:
+            total += cpu_percent(limits["cpu"])
+        except BackendError:
+            return None
+    return total
 
 
 class NodePods:

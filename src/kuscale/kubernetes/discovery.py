@@ -80,6 +80,7 @@ class KubernetesDiscovery:
                     cgroup=cgroups.pod,
                     uid=view.uid,
                     containers=cgroups.containers,
+                    declared_cpu=view.declared_cpu,
                     vgpu_id=vgpu_id_for(holder.container_tokens[0]) if self.vgpus else None,
                 )
             except (ResolutionError, InvalidSpec) as err:
