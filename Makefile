@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lint test demo bench bench-real proto clean
+.PHONY: venv lint test demo bench bench-real fuzz soak proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench fuzz
+	$(BIN)/ruff format --check src tests bench fuzz
 	$(BIN)/mypy
 
 test: lint
@@ -30,6 +30,11 @@ bench: $(STAMP)
 # Real nginx, wrk and stress-ng on real cgroups (root; installs them from Debian if missing).
 bench-real: $(STAMP)
 	$(BIN)/python bench/bench_real.py --json bench-real.json
+
+# FUZZ_INPUTS generated inputs (default 1,000,000) over every outside input kuscale reads.
+FUZZ_INPUTS ?= 1000000
+fuzz: $(STAMP)
+	cd fuzz && FUZZ_INPUTS=$(FUZZ_INPUTS) ../$(BIN)/python run.py
 
 # The kubelet APIs' Python modules are generated from their .proto files and committed.
 proto: $(STAMP)

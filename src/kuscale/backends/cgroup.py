@@ -48,6 +48,10 @@ def limit_to_quota(limit: float, period_us: int) -> int:
 
 
 def quota_to_limit(quota_us: int, period_us: int) -> float | None:
+    """The limit a quota gives; a period the kernel would never hold is refused (a file
+    with garbage), never divided by."""
+    if not MIN_PERIOD_US <= period_us <= MAX_PERIOD_US:
+        raise RangeError(f"CFS period {period_us} µs is outside [{MIN_PERIOD_US}, {MAX_PERIOD_US}]")
     if quota_us < 0:
         return None
     return quota_us * 100.0 / period_us
@@ -59,8 +63,10 @@ PERIOD_CACHE_SIZE = 65536
 class _CgroupTree:
     """Shared by v1 and v2: cgroup directories under one or two roots.
 
-    The CFS period of each cgroup is read once and remembered: kuscale owns the quota, not
-    the period, and re-reading it before every write would cost a file open per pod per tick.
+    The CFS period of each cgroup is read once and remembered for reading limits: kuscale
+    owns the quota, not the period. A v1 quota is written against the period read afresh
+    through a kept descriptor (a pread), so a period another writer changed never turns the
+    quota into a different limit; v2 writes quota and period together.
     """
 
     mode = ""
@@ -150,6 +156,12 @@ class CgroupV1(_CgroupTree):
         path = confine(self.cpu_root, cgroup) + "/cpu.cfs_period_us"
         return parse_int(read_text(path), path)
 
+    def _write_period(self, cgroup: str) -> int:
+        """The period a quota is written against, read afresh through a kept descriptor:
+        cpu.cfs_period_us is a file of its own, which another writer may change."""
+        path = confine(self._cpu_dir, cgroup) + "/cpu.cfs_period_us"
+        return parse_int(self._files.read(path), path)
+
     def read_limit(self, cgroup: str) -> float | None:
         path = confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us"
         text = read_text(path).strip()
@@ -161,7 +173,7 @@ class CgroupV1(_CgroupTree):
         return quota_to_limit(quota, self._period(cgroup))
 
     def write_limit(self, cgroup: str, limit: float | None) -> None:
-        value = "-1" if limit is None else str(limit_to_quota(limit, self._period(cgroup)))
+        value = "-1" if limit is None else str(limit_to_quota(limit, self._write_period(cgroup)))
         self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.cfs_quota_us", value)
 
     def read_shares(self, cgroup: str) -> int:
