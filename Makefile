@@ -36,6 +36,10 @@ FUZZ_INPUTS ?= 1000000
 fuzz: $(STAMP)
 	cd fuzz && FUZZ_INPUTS=$(FUZZ_INPUTS) ../$(BIN)/python run.py
 
+# 1000 pods with churn on a fixture tree for SOAK_SECONDS (default 600) of ticks at full speed.
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
+
 # The kubelet APIs' Python modules are generated from their .proto files and committed.
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src \

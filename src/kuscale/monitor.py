@@ -416,6 +416,8 @@ class Monitor:
         self.registry.complete(pod.key, PodStatus.COMPLETED, reason)
         if pod.spec.owned:
             self._remove_owned(pod)
+        else:
+            self.cpu.forget(pod.spec.cgroup)
         if forget:
             self._forget(pod)
         if self.on_completed:

@@ -81,6 +81,10 @@ class CpuBackend(Protocol):
         """Remove a cgroup kuscale created, once it is empty."""
         ...
 
+    def forget(self, cgroup: str) -> None:
+        """Close what is kept open for a cgroup kuscale no longer manages."""
+        ...
+
 
 class GpuBackend(Protocol):
     """GPU busy time and time-share limits of vGPU clients named by id."""

@@ -6,6 +6,7 @@ be mounted together or apart); v2 keeps all of it in one directory.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ class _CgroupTree:
     def attach(self, cgroup: str, pid: int) -> None:
         for root in self._roots():
             write_text(confine(root, cgroup) + "/cgroup.procs", str(pid))
+
+    def forget(self, cgroup: str) -> None:
+        """Nothing was opened for a path `confine` refuses, so there is nothing to close."""
+        for root in self._roots():
+            with contextlib.suppress(BackendError):
+                self._files.forget(confine(root, cgroup))
 
     def remove(self, cgroup: str) -> None:
         """Remove an empty cgroup; one already gone is fine."""

@@ -211,6 +211,9 @@ class SimCpu:
     def remove(self, cgroup: str) -> None:
         self.node.remove(cgroup)
 
+    def forget(self, cgroup: str) -> None:
+        """A simulated cgroup keeps nothing open."""
+
 
 class SimGpu:
     """The GPU backend over a simulated node; vGPU ids are pod names."""
