@@ -129,6 +129,7 @@ def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resourc
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
     command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0"]
     command += ["--kubeconfig", str(kubeconfig), "--pod-resources-socket", str(pod_resources)]
+    command += ["--record-dir", str(tmp_path / "originals")]
     process = subprocess.Popen(
         [*command, "--metrics-address", "", "--node-name", "n1"], stderr=subprocess.PIPE, text=True
     )
