@@ -347,11 +347,20 @@ def nginx_command(prefix: Path) -> tuple[list[str], int]:
     return ["nginx", "-p", str(prefix), "-c", str(conf)], port
 
 
+@contextmanager
+def scratch() -> Iterator[Path]:
+    """A directory for nginx's prefix and stress-ng's figures, removed afterwards."""
+    prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
+    try:
+        yield prefix
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
 def burst_after_idle(
     policy: str | None, idle: float, burst: float, watch: float, needed: float | None
 ) -> dict[str, Any]:
-    prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
-    try:
+    with scratch() as prefix:
         with node(policy, watch) as here:
             command, port = nginx_command(prefix)
             cgroup = here.launch("web", RESERVATION, command)
@@ -376,13 +385,10 @@ def burst_after_idle(
             "burst_usage_percent": used,
             "covered_after_seconds": log.covered_after(started, 0.95 * (needed or used)),
         }
-    finally:
-        shutil.rmtree(prefix, ignore_errors=True)
 
 
 def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, Any]:
-    prefix = Path(tempfile.mkdtemp(prefix="kuscale-nginx-"))
-    try:
+    with scratch() as prefix:
         with node(policy, watch) as here:
             command, port = nginx_command(prefix)
             web = here.launch("web", RESERVATION, command)
@@ -429,8 +435,6 @@ def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, 
             "web_share_of_cpu": usage["web"] / total,
             "web_share_of_tokens": RESERVATION / tokens,
         }
-    finally:
-        shutil.rmtree(prefix, ignore_errors=True)
 
 
 def _answers(port: int) -> bool:
