@@ -110,6 +110,7 @@ class _CgroupTree:
 
     def forget(self, cgroup: str) -> None:
         """Nothing was opened for a path `confine` refuses, so there is nothing to close."""
+        self._periods.pop(cgroup, None)
         for root in self._roots():
             with contextlib.suppress(BackendError):
                 self._files.forget(confine(root, cgroup))

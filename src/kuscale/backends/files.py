@@ -17,11 +17,12 @@ from kuscale.backends.base import BackendError, CgroupGone, CounterError
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=8192)
 def confine(root: str | Path, relative: str) -> str:
     """Join `relative` under `root`, refusing anything that could leave it.
 
-    Cached, since the loop asks for the same few paths of every pod every tick.
+    Cached, since the loop asks for the same few paths of every pod every tick: about ten
+    a pod, so 8192 holds a node of several hundred pods while churn evicts the departed.
     """
     if not relative or relative.startswith("/"):
         raise BackendError(f"path {relative!r} must be relative to {root}")
