@@ -72,6 +72,52 @@ def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+class Soak:
+    """The node under churn, and the soak's own books, kept flat: what arrived this tick,
+    and how often each pod still here was adopted."""
+
+    def __init__(self, root: Path, adoptions: Adoptions) -> None:
+        self.root = root
+        self.adoptions = adoptions
+        self.record = OriginalsRecord(root / "originals")
+        cgroups = CgroupV1(root / "cpu", root / "cpuacct")
+        self.monitor = Monitor(cgroups, None, CONFIG, originals=self.record)
+        self.live: list[str] = []
+        self.offered: list[str] = []
+        self.missed = self.twice = self.serial = 0
+
+    def arrive(self) -> None:
+        name = f"pod-{self.serial}"
+        self.serial += 1
+        make_pod(self.root, name)
+        spec = PodSpec(name=name, tokens=100 + self.serial % 400, cgroup=name)
+        self.monitor.submit(PodAdded(spec))
+        self.live.append(name)
+        self.offered.append(spec.key)
+
+    def settle(self, leaving: list[str]) -> None:
+        """Count this tick's arrivals never adopted; forget the pods that left, counting
+        those adopted more than once."""
+        self.missed += sum(1 for key in self.offered if self.adoptions.seen[key] == 0)
+        self.offered.clear()
+        for name in leaving:
+            self.twice += self.adoptions.seen.pop(f"local/{name}", 0) > 1
+
+    def tick(self, tick: int) -> None:
+        leaving, self.live[:] = self.live[:CHURN], self.live[CHURN:]
+        for name in leaving:
+            self.monitor.submit(PodRemoved(f"local/{name}"))
+        for _ in range(CHURN):
+            self.arrive()
+        for name in self.live[::50]:
+            busy(self.root, name, tick)
+        self.monitor.tick(float(tick))
+        self.settle(leaving)
+        for name in leaving:
+            shutil.rmtree(self.root / "cpu" / name)
+            shutil.rmtree(self.root / "cpuacct" / name)
+
+
 def main() -> None:
     seconds = float(os.environ.get("SOAK_SECONDS", "600"))
     root = Path(tempfile.mkdtemp(prefix="kuscale-soak-", dir="/dev/shm"))
@@ -81,65 +127,29 @@ def main() -> None:
     monitor_log.setLevel(logging.INFO)
     monitor_log.propagate = False
     try:
-        cgroups = CgroupV1(root / "cpu", root / "cpuacct")
-        record = OriginalsRecord(root / "originals")
-        monitor = Monitor(cgroups, None, CONFIG, originals=record)
-        live: list[str] = []
-        offered: list[str] = []
-        missed = twice = 0
-        serial = 0
-
-        def arrive() -> None:
-            nonlocal serial
-            name = f"pod-{serial}"
-            serial += 1
-            make_pod(root, name)
-            monitor.submit(PodAdded(PodSpec(name=name, tokens=100 + serial % 400, cgroup=name)))
-            live.append(name)
-            offered.append(f"local/{name}")
-
-        def settle(leaving: list[str]) -> None:
-            """Count this tick's arrivals never adopted, and forget the pods that left
-            (counting those adopted more than once), so the soak's own books stay flat."""
-            nonlocal missed, twice
-            missed += sum(1 for key in offered if adoptions.seen[key] == 0)
-            offered.clear()
-            for name in leaving:
-                twice += adoptions.seen.pop(f"local/{name}", 0) > 1
-
+        soak = Soak(root, adoptions)
         for _ in range(PODS):
-            arrive()
-        monitor.tick(0.0)
-        settle([])
+            soak.arrive()
+        soak.monitor.tick(0.0)
+        soak.settle([])
         marks = [("start", current_rss_mib(), open_descriptors())]
         started, tick = time.monotonic(), 0
         while time.monotonic() - started < seconds:
             tick += 1
             if len(marks) == 1 and time.monotonic() - started >= seconds / 10:
                 marks.append(("warm", current_rss_mib(), open_descriptors()))
-            leaving, live[:] = live[:CHURN], live[CHURN:]
-            for name in leaving:
-                monitor.submit(PodRemoved(f"local/{name}"))
-            for _ in range(CHURN):
-                arrive()
-            for name in live[::50]:
-                busy(root, name, tick)
-            monitor.tick(float(tick))
-            settle(leaving)
-            for name in leaving:
-                shutil.rmtree(root / "cpu" / name)
-                shutil.rmtree(root / "cpuacct" / name)
+            soak.tick(tick)
         marks.append(("end", current_rss_mib(), open_descriptors()))
-        monitor.restore()
-        twice += sum(1 for count in adoptions.seen.values() if count > 1)
+        soak.monitor.restore()
+        twice = soak.twice + sum(1 for count in adoptions.seen.values() if count > 1)
         print(
             f"soak: {tick} ticks of {PODS} pods in {time.monotonic() - started:.0f} s, "
-            f"{serial - PODS} pods arrived and as many left"
+            f"{soak.serial - PODS} pods arrived and as many left"
         )
         print("resident memory: " + ", ".join(f"{rss:.1f} MiB {when}" for when, rss, _ in marks))
         print("open descriptors: " + ", ".join(f"{fds} {when}" for when, _, fds in marks))
-        print(f"pods missed: {missed}; pods adopted twice: {twice}")
-        print(f"record entries left after the final restore: {len(list(record.entries()))}")
+        print(f"pods missed: {soak.missed}; pods adopted twice: {twice}")
+        print(f"record entries left after the final restore: {len(list(soak.record.entries()))}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
