@@ -334,14 +334,22 @@ class Monitor:
         """A monitor-only agent changes nothing, so what kuscale set before it (a launch's
         first quota, a crashed agent's limits) goes back to the recorded originals."""
         recorded = None if self.originals is None else self.originals.get(spec.key)
-        if recorded is None or self.originals is None:
-            return
+        if recorded is not None:
+            self._give_back_from_record(recorded)
+
+    def _give_back_from_record(self, original: Original) -> bool:
+        """Put back what an entry recorded and drop it; a failure is counted and logged,
+        and the entry stays for the next agent or `kuscale restore`."""
+        if self.originals is None:
+            return False
         try:
-            give_back(recorded, self.actuator, self.cpu, self.gpu)
-            self.originals.drop(spec.key)
+            give_back(original, self.actuator, self.cpu, self.gpu)
+            self.originals.drop(original.key)
         except (BackendError, RecordError) as err:
             self.stats.errors["record"] += 1
-            log.warning("cannot give back %s from the record: %s", spec.key, err)
+            log.warning("cannot give back %s from the record: %s", original.key, err)
+            return False
+        return True
 
     def _settle_record(self, now: float) -> None:
         """Entries an earlier agent left: dropped at once where the cgroup is gone; given
@@ -360,14 +368,8 @@ class Monitor:
             if self.cpu.exists(original.cgroup) and not overdue:
                 continue
             del self._unclaimed[key]
-            try:
-                give_back(original, self.actuator, self.cpu, self.gpu)
-                self.originals.drop(key)
-            except (BackendError, RecordError) as err:
-                self.stats.errors["record"] += 1
-                log.warning("cannot give back %s from the record: %s", key, err)
-                continue
-            log.warning("gave back %s from the record: no source offered it again", key)
+            if self._give_back_from_record(original):
+                log.warning("gave back %s from the record: no source offered it again", key)
 
     def _declared_wins(self, spec: PodSpec, held: Held) -> Held:
         """Where the API server declares the pod's CPU limit, that is what the kubelet gives
