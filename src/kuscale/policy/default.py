@@ -81,7 +81,7 @@ class KuscalePolicy:
             cfg.pin_tolerance,
         )
         weights = dynamic_weights(obs, prices, cfg.static_v)
-        budget = obs.tokens + cfg.burst_factor * queue / obs.period
+        budget = self.budget(obs.tokens, queue, obs.period)
         demand = self.leap_within_budget(demand, obs.starved, obs.limits, prices, budget)
         available = obs.tokens * obs.period
         lower = np.broadcast_to(self.minimums, obs.usage.shape)
@@ -138,7 +138,7 @@ class KuscalePolicy:
         tick re-balances."""
         cpu = Resource.CPU
         prices = np.where(obs.uses, self.prices, 0.0)
-        budget = obs.tokens + self.config.burst_factor * obs.queue / obs.period
+        budget = self.budget(obs.tokens, obs.queue, obs.period)
         others = (prices * obs.limits).sum(axis=1) - prices[:, cpu] * obs.limits[:, cpu]
         cap = float(self.upper_bounds(obs.capacity)[cpu])
         affordable = np.minimum((budget - others) / self.prices[cpu], cap)
@@ -151,6 +151,10 @@ class KuscalePolicy:
         limits = obs.limits.copy()
         limits[:, cpu] = np.where(np.isfinite(wanted), wanted, obs.limits[:, cpu])
         return limits
+
+    def budget(self, tokens: FloatArray, queue: FloatArray, period: float) -> FloatArray:
+        """B = R + k·Q/T: what a pod may spend per second, at a tick and at a fast raise."""
+        return np.asarray(tokens + self.config.burst_factor * queue / period, dtype=np.float64)
 
     def free_spend(self, queue: FloatArray, tokens: FloatArray, period: float) -> FloatArray:
         """Tokens per second a pod can spend at no cost to its future: what would overflow
