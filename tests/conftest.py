@@ -3,7 +3,6 @@ them, and trees shaped like the kernel's files."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,15 +16,31 @@ from typing import Any
 
 import numpy as np
 import pytest
+import v2guest
 from hypothesis import settings
 
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.local.statedir import StateDir
 from kuscale.policy.base import Observation
 
 
 @pytest.fixture
-def real_cgroups() -> Iterator[tuple[CgroupV1 | CgroupV2, str]]:
+def cgroup_kernel() -> str:
+    """Which kernel a real-cgroup test runs on: this host's, unless the test is marked
+    `v2_kernel`, which parametrizes it with the cgroup v2 guest's too."""
+    return "host"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(v2guest.MARKER)
+    if marker is not None:
+        kernels = [v2guest.GUEST] if marker.kwargs.get("only") else ["host", v2guest.GUEST]
+        metafunc.parametrize("cgroup_kernel", kernels)
+
+
+@pytest.fixture
+def real_cgroups(cgroup_kernel: str) -> Iterator[tuple[CgroupV1 | CgroupV2, str]]:
     """A writable cgroup hierarchy and a unique parent name; everything under it is removed."""
     if os.geteuid() != 0:
         pytest.skip("real cgroup tests need root")
@@ -69,7 +84,8 @@ def _kill_procs(directory: Path) -> None:
 
 
 KUSCALE = [sys.executable, "-m", "kuscale"]
-BUSY = [sys.executable, "-c", "while True: pass"]
+BUSY = ["/bin/sh", "-c", "while :; do :; done"]
+"""A busy loop that starts in a blink, even in the emulated v2 guest."""
 
 
 @dataclass
@@ -113,21 +129,13 @@ class LocalNode:
             ]
         )
 
-    def status(self) -> dict[str, Any]:
-        out = subprocess.run(
-            [*KUSCALE, "status", "--state-dir", str(self.state), "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        data: dict[str, Any] = json.loads(out.stdout)
-        return data
+    def status(self) -> dict[str, Any] | None:
+        """The status the agent last wrote, read in-process: `kuscale status` has tests of
+        its own, and a Python start per look is seconds in the emulated v2 guest."""
+        return StateDir(self.state).read_status()
 
     def pod(self, name: str) -> dict[str, Any] | None:
-        try:
-            pods = self.status()["pods"]
-        except subprocess.CalledProcessError:
-            return None
+        pods = (self.status() or {}).get("pods", [])
         return next((p for p in pods if p["name"] == name), None)
 
 
@@ -142,7 +150,9 @@ def node(tmp_path: Path, real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> Itera
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.25) -> float:
-    """Seconds until predicate held; fails the test after `timeout`."""
+    """Seconds until predicate held; fails the test after `timeout`, stretched in the v2 guest,
+    where software emulation makes every Python start about twenty times slower."""
+    timeout *= v2guest.SLOWDOWN if v2guest.in_guest() else 1.0
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
@@ -230,3 +240,46 @@ def observation(
 settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{v2guest.MARKER}: runs inside the cgroup v2 VM; the host reports its outcome"
+    )
+    if v2guest.in_guest():
+        reporter = v2guest.GuestReporter(Path(os.environ[v2guest.REPORT_ENV]))
+        config.pluginmanager.register(reporter, "kuscale-v2-guest-reporter")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests the guest answers go last: one VM runs them all, and on the host they set up
+    nothing, so no host test may follow them and find its setup left half done."""
+    if not v2guest.in_guest():
+        items.sort(key=v2guest.is_guest_item)
+
+
+_GUEST_RUN = pytest.StashKey[v2guest.GuestRun]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """On the host, a `v2_kernel` test is answered by the one guest this run boots."""
+    if v2guest.in_guest() or not v2guest.is_guest_item(item):
+        return None
+    run = item.config.stash.get(_GUEST_RUN, None)
+    if run is None:
+        marked = [i.nodeid for i in item.session.items if v2guest.is_guest_item(i)]
+        run = item.config.stash[_GUEST_RUN] = v2guest.run_guest(marked, item.config.rootpath)
+    v2guest.report_from_guest(item, run.result(item.nodeid))
+    return True
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    run = config.stash.get(_GUEST_RUN, None)
+    if run is not None and run.skip is None:
+        terminalreporter.write_line(
+            f"cgroup v2 guest: kernel {run.kernel}, {len(run.results)} tests reported, "
+            f"{run.seconds:.0f} s from boot to power-off"
+        )

@@ -4,12 +4,11 @@ lifted first and given back last, in the order cgroup v1 requires."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
+from conftest import BUSY, V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 
 from kuscale.actuators.cgroup import CgroupActuator
 from kuscale.backends.base import BackendError
@@ -17,8 +16,6 @@ from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.config import AgentConfig
 from kuscale.model import PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded
-
-BUSY = [sys.executable, "-c", "while True: pass"]
 
 
 def kubelet_like_pod(cgroups: CgroupV1 | CgroupV2, parent: str) -> PodSpec:
@@ -32,6 +29,7 @@ def kubelet_like_pod(cgroups: CgroupV1 | CgroupV2, parent: str) -> PodSpec:
     return PodSpec(name="pod", tokens=30, cgroup=pod, containers=leaves)
 
 
+@pytest.mark.v2_kernel
 def test_a_pod_is_held_below_its_containers_own_limits_and_given_everything_back(
     real_cgroups: tuple[CgroupV1 | CgroupV2, str],
 ) -> None:
@@ -41,6 +39,9 @@ def test_a_pod_is_held_below_its_containers_own_limits_and_given_everything_back
     if isinstance(cgroups, CgroupV1):
         with pytest.raises(BackendError, match="Invalid argument"):
             cgroups.write_limit(spec.cgroup, 20.0)
+    else:
+        cgroups.write_limit(spec.cgroup, 20.0)  # v2 takes a pod below its containers
+        cgroups.write_limit(spec.cgroup, 80.0)
     busy = subprocess.Popen(BUSY)
     try:
         cgroups.attach(app, busy.pid)

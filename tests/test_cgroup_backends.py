@@ -11,6 +11,7 @@ from conftest import write_files
 from kuscale.backends.base import BackendError, CgroupGone, CounterError, RangeError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, Mount, detect, limit_to_quota, read_mounts
 from kuscale.backends.files import confine
+from kuscale.backends.pressure import Pressure
 from kuscale.model import CpuCounters
 
 
@@ -170,3 +171,39 @@ def test_v2_weight_follows_the_kubelet_mapping(v2_tree: CgroupV2) -> None:
     v2_tree.write_shares("pods/a", 262144)
     assert (v2_tree.cpu_root / "pods/a/cpu.weight").read_text() == "10000"
     assert v2_tree.read_shares("pods/a") == 262144
+
+
+def test_cpu_pressure_totals_are_read_and_garbage_is_refused(v2_tree: CgroupV2) -> None:
+    pressure = v2_tree.cpu_root / "pods" / "a" / "cpu.pressure"
+    pressure.write_text(
+        "some avg10=1.50 avg60=0.20 avg300=0.00 total=123456\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=789\n"
+    )
+    assert v2_tree.read_pressure("pods/a") == Pressure(123456, 789)
+    pressure.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
+    assert v2_tree.read_pressure("pods/a") == Pressure(5, 0)
+    pressure.write_text("some total=lots\n")
+    with pytest.raises(BackendError, match="no 'some"):
+        v2_tree.read_pressure("pods/a")
+    with pytest.raises(BackendError):
+        v2_tree.read_pressure("pods/gone")
+
+
+@pytest.mark.parametrize(
+    ("stall_us", "window_us"),
+    [(100_000, 499_999), (100_000, 10_000_001), (0, 1_000_000), (1_000_001, 1_000_000)],
+)
+def test_a_psi_trigger_outside_the_kernel_rules_is_refused_before_opening(
+    v2_tree: CgroupV2, stall_us: int, window_us: int
+) -> None:
+    with pytest.raises(RangeError):
+        v2_tree.pressure_trigger("pods/a", stall_us, window_us)
+
+
+def test_a_psi_trigger_on_a_missing_cgroup_or_an_escaping_name_is_an_error(
+    v2_tree: CgroupV2,
+) -> None:
+    with pytest.raises(BackendError, match="cannot open"):
+        v2_tree.pressure_trigger("pods/gone", 100_000, 1_000_000)
+    with pytest.raises(BackendError, match="not allowed"):
+        v2_tree.pressure_trigger("../etc", 100_000, 1_000_000)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import pytest
+from conftest import BUSY
 
 from kuscale.backends.base import CgroupGone
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 
-BUSY = [sys.executable, "-c", "while True: pass"]
 
-
+@pytest.mark.v2_kernel
 def test_quota_throttles_a_real_busy_process(real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> None:
     cgroups, parent = real_cgroups
     name = f"{parent}/busy"

@@ -23,6 +23,7 @@ def limit_of(local: LocalNode, name: str) -> float:
     return 0.0 if pod is None or pod["status"] != "running" else pod["resources"]["cpu"]["limit"]
 
 
+@pytest.mark.v2_kernel
 def test_busy_loop_gets_a_core_within_ten_seconds_and_is_restored_on_sigterm(
     node: LocalNode,
 ) -> None:
@@ -95,10 +96,7 @@ def test_status_shows_every_field_in_text(node: LocalNode) -> None:
 
 
 def cpu_usage(local: LocalNode) -> dict[str, float]:
-    try:
-        pods = local.status()["pods"]
-    except subprocess.CalledProcessError:
-        return {}
+    pods = (local.status() or {}).get("pods", [])
     return {p["name"]: p["resources"]["cpu"]["usage"] for p in pods if p["status"] == "running"}
 
 
@@ -135,6 +133,7 @@ def test_default_rule_gives_a_busy_loop_a_core_within_five_ticks(node: LocalNode
         workload.wait()
 
 
+@pytest.mark.v2_kernel
 def test_a_full_node_is_split_by_tokens_on_real_cgroups(node: LocalNode) -> None:
     """The kernel splits a full node by the cpu.shares kuscale sets from tokens: limits
     carry budgets and may add up past the node, so no pod's unused limit idles a core."""

@@ -148,6 +148,7 @@ def test_a_bad_watch_interval_names_the_key(value: object, message: str) -> None
 BURST_AFTER_IDLE = [sys.executable, "-c", "import time; time.sleep(2.5)\nwhile True: pass"]
 
 
+@pytest.mark.v2_kernel
 def test_fast_raises_keep_the_budget_on_real_cgroups(
     real_cgroups: tuple[CgroupV1 | CgroupV2, str],
 ) -> None:

@@ -22,6 +22,7 @@ from kuscale.backends.files import (
     read_text,
     write_text,
 )
+from kuscale.backends.pressure import Pressure, PressureTrigger, read_pressure
 from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters
 
 MIN_QUOTA_US = 1000
@@ -257,6 +258,15 @@ class CgroupV2(_CgroupTree):
         period = self._period(cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
         self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.max", f"{quota} {period}")
+
+    def read_pressure(self, cgroup: str) -> Pressure:
+        return read_pressure(confine(self._cpu_dir, cgroup) + "/cpu.pressure")
+
+    def pressure_trigger(self, cgroup: str, stall_us: int, window_us: int) -> PressureTrigger:
+        """A trigger that fires when the cgroup's tasks stall `stall_us` in `window_us`."""
+        return PressureTrigger(
+            confine(self._cpu_dir, cgroup) + "/cpu.pressure", stall_us, window_us
+        )
 
 
 def shares_to_weight(shares: int) -> int:

@@ -1,0 +1,250 @@
+"""The cgroup v2 tests' throwaway VM: one guest per test run, answering for every test marked
+`v2_kernel`.
+
+This machine's cpu controller is bound to cgroup v1, so the v2 path can only meet a real
+kernel inside a guest: virtme-ng boots Debian's kernel under qemu (software emulation: the
+host's /dev/kvm cannot run a stock kernel) over the host's own filesystem through 9p, so the
+guest runs this checkout and this virtual environment as they are. Inside, pytest runs the
+marked tests and writes each one's outcome to a directory shared read-write; the host then
+reports each marked test with the guest's outcome, under the test's own name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+MARKER = "v2_kernel"
+GUEST = "v2-guest"
+# How much longer a deadline runs in the guest, where a Python start takes about 20 times the
+# host's: a generous factor, since a deadline only bounds how long a failure takes to show.
+SLOWDOWN = 8.0
+REPORT_ENV = "KUSCALE_V2_GUEST_REPORT"
+KERNEL_ENV = "KUSCALE_VM_KERNEL"
+TIMEOUT_ENV = "KUSCALE_VM_TIMEOUT"
+# Boot takes about 20 s here and the tests inside about two minutes; past this the VM is
+# killed and every test it owed fails with what it printed.
+DEFAULT_TIMEOUT_S = 420.0
+INSTALL_HINT = (
+    "run `make test` as root, or `apt-get install qemu-system-x86 linux-image-amd64 busybox-static`"
+)
+
+Outcome = Literal["passed", "failed", "skipped"]
+
+
+def in_guest() -> bool:
+    return REPORT_ENV in os.environ
+
+
+def is_guest_item(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("cgroup_kernel") == GUEST
+
+
+def find_kernel(boot: Path = Path("/boot")) -> Path | None:
+    """The newest kernel the guest can boot: a generic one (the cloud flavour lacks 9p) with
+    its modules installed, or the one KUSCALE_VM_KERNEL names."""
+    named = os.environ.get(KERNEL_ENV)
+    if named:
+        return Path(named)
+
+    def version(image: Path) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"\d+", image.name))
+
+    candidates = [
+        image
+        for image in boot.glob("vmlinuz-*")
+        if "cloud" not in image.name
+        and Path("/lib/modules", image.name.removeprefix("vmlinuz-")).is_dir()
+    ]
+    return max(candidates, key=version, default=None)
+
+
+def missing_parts() -> str | None:
+    """Why no guest can boot here, or None when every part is present."""
+    if os.geteuid() != 0:
+        return "the cgroup v2 VM needs root"
+    vng = Path(sys.executable).parent / "vng"
+    if not vng.exists():
+        return f"virtme-ng is not installed in this environment ({vng})"
+    for program in ("qemu-system-x86_64", "busybox"):
+        if shutil.which(program) is None:
+            return f"{program} is missing: {INSTALL_HINT}"
+    kernel = find_kernel()
+    if kernel is None:
+        return f"no bootable kernel with modules under /boot: {INSTALL_HINT}"
+    if not kernel.is_file():
+        return f"the kernel {kernel} ({KERNEL_ENV}) does not exist"
+    return None
+
+
+@dataclass
+class GuestResult:
+    outcome: Outcome
+    text: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class GuestRun:
+    """What one guest answered; `skip` or `error` stand for every test when it never ran."""
+
+    results: dict[str, GuestResult] = field(default_factory=dict)
+    skip: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    kernel: str = ""
+
+    def result(self, nodeid: str) -> GuestResult:
+        if self.skip is not None:
+            return GuestResult("skipped", self.skip)
+        if nodeid in self.results:
+            return self.results[nodeid]
+        return GuestResult("failed", self.error or "the guest did not report this test")
+
+
+def run_guest(nodeids: list[str], rootdir: Path) -> GuestRun:
+    """Boot one guest, run `nodeids` there, and collect their outcomes."""
+    reason = missing_parts()
+    if reason is not None:
+        return GuestRun(skip=reason)
+    kernel = find_kernel()
+    assert kernel is not None
+    bindir = Path(sys.executable).parent
+    timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kuscale-v2-guest-") as shared:
+        report = Path(shared) / "report.json"
+        inner = " ".join(
+            [
+                f"cd {shlex.quote(str(rootdir))} &&",
+                f"{REPORT_ENV}={shlex.quote(str(report))} PYTHONDONTWRITEBYTECODE=1",
+                shlex.quote(sys.executable),
+                "-m pytest -q -p no:cacheprovider",
+                *(shlex.quote(nodeid) for nodeid in nodeids),
+            ]
+        )
+        command = [
+            str(bindir / "vng"),
+            "--run",
+            str(kernel),
+            "--disable-kvm",
+            "--force-9p",
+            "--cpus",
+            "2",
+            "--memory",
+            "2G",
+            f"--rwdir={shared}",
+            "--exec",
+            inner,
+        ]
+        env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        printed, error = _boot(command, env, timeout)
+        results = _read_report(report)
+    tail = printed[-4000:]
+    return GuestRun(
+        results=results,
+        error=f"{error} (kernel {kernel.name}); it printed:\n{tail}",
+        seconds=time.monotonic() - started,
+        kernel=kernel.name,
+    )
+
+
+def _boot(command: list[str], env: dict[str, str], timeout: float) -> tuple[str, str]:
+    """Run the guest to its end, or kill it and qemu with it (its own process group) at the
+    timeout; what it printed, and what to say for any test it did not report."""
+    guest = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        printed, _ = guest.communicate(timeout=timeout)
+        return printed, f"the guest exited with status {guest.returncode} without reporting"
+    except subprocess.TimeoutExpired:
+        os.killpg(guest.pid, signal.SIGKILL)
+        printed, _ = guest.communicate()
+        return printed, f"the guest was killed after {timeout:.0f} s ({TIMEOUT_ENV})"
+
+
+def _read_report(path: Path) -> dict[str, GuestResult]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {
+        nodeid: GuestResult(entry["outcome"], entry["text"], entry["seconds"])
+        for nodeid, entry in raw.items()
+    }
+
+
+class GuestReporter:
+    """Inside the guest: each test's outcome, written after every test so a guest killed
+    part way still tells what it finished."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.results: dict[str, dict[str, str | float]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """A failure in any phase fails the test; a skip skips it; a passing call passes it."""
+        if self.results.get(report.nodeid, {}).get("outcome") == "failed":
+            return
+        if report.passed and report.when != "call":
+            return
+        text = report.longreprtext
+        if report.skipped and isinstance(report.longrepr, tuple):
+            text = report.longrepr[2]
+        self.results[report.nodeid] = {
+            "outcome": report.outcome,
+            "text": text,
+            "seconds": report.duration,
+        }
+        self.path.write_text(json.dumps(self.results))
+
+
+def report_from_guest(item: pytest.Item, result: GuestResult) -> None:
+    """Report `item` as the guest ran it, through the same hooks a local run calls."""
+    hooks = item.ihook
+    hooks.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    keywords: dict[str, int] = dict.fromkeys(item.keywords, 1)
+    path, line, _ = item.location
+    phases: list[tuple[Literal["setup", "call", "teardown"], Outcome, object]]
+    if result.outcome == "skipped":
+        reason = result.text.removeprefix("Skipped: ")
+        phases = [("setup", "skipped", (path, (line or 0) + 1, f"Skipped: {reason}"))]
+    elif result.outcome == "failed":
+        message = f"in the cgroup v2 guest:\n{result.text}"
+        phases = [("setup", "passed", None), ("call", "failed", message)]
+    else:
+        phases = [("setup", "passed", None), ("call", "passed", None)]
+    phases.append(("teardown", "passed", None))
+    for when, outcome, longrepr in phases:
+        report = pytest.TestReport(
+            item.nodeid,
+            item.location,
+            keywords,  # type: ignore[arg-type]
+            outcome,
+            longrepr,  # type: ignore[arg-type]
+            when,
+            duration=result.seconds if when == "call" else 0.0,
+        )
+        hooks.pytest_runtest_logreport(report=report)
+    hooks.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
