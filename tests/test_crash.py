@@ -18,8 +18,16 @@ DEFAULT_SHARES = 1024
 
 
 def adopted(node: LocalNode, name: str) -> bool:
+    """By the agent running now: a killed one's last status says the same of the pod."""
+    status = node.status() or {}
     pod = node.pod(name)
-    return pod is not None and pod["status"] == "running" and pod["updated_count"] >= 1
+    return (
+        node.agent is not None
+        and status.get("pid") == node.agent.pid
+        and pod is not None
+        and pod["status"] == "running"
+        and pod["updated_count"] >= 1
+    )
 
 
 def kill_agent(node: LocalNode) -> None:

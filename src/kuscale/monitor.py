@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import time
 from collections import Counter, deque
@@ -817,6 +818,7 @@ class Monitor:
         pods = [*self.registry.running.values(), *self.registry.completed.values()]
         return {
             "time": time.time(),
+            "pid": os.getpid(),
             "mode": self.cpu.mode,
             "actuator": self.actuator.mode,
             "gpu_mode": self.gpu.mode if self.gpu else None,
