@@ -239,3 +239,29 @@ def test_sim_cli_refuses_bad_input_without_a_traceback(
     assert "cannot read scenario" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sim", "--scenario", "single-burst", "--policy", "nope"])
+
+
+@pytest.mark.parametrize("policy", ["kuscale", "kuscale-2022", "static", "vpa", "autothrottle"])
+def test_each_gpu_device_is_shared_on_its_own_and_never_above_100(policy: str) -> None:
+    """Three trainers wanting 60 % each of GPU 0 get 100 % of it together, whatever GPU 1
+    has idle: a client's share lives on its device."""
+    multi = shortened("multi-gpu", 240)
+    assert [pod.device for pod in multi.pods if pod.gpu is not None] == [0, 0, 0, 1]
+    trace = simulate(multi, policy)
+    peaks = evaluate(trace)["gpu_device_peak_percent"]
+    assert len(peaks) == 2
+    assert max(peaks) <= 100.0 + 1e-6
+    if policy in ("static", "kuscale"):
+        assert peaks[0] > 95.0, "GPU 0 is wanted at 180 %: a work-conserving share fills it"
+
+
+def test_gpu_pods_without_a_device_are_spread_by_their_order() -> None:
+    base = BASE.replace("gpus: 1", "gpus: 2")
+    pod = "    cpu: {shape: constant, value: 10}\n    gpu: {shape: constant, value: 30}\n"
+    spread = scenario(
+        pod + "  - name: b\n    tokens: 100\n" + pod + "  - name: c\n    tokens: 100\n" + pod,
+        base,
+    )
+    assert [p.device for p in spread.pods] == [0, 1, 0]
+    with pytest.raises(ScenarioError, match="device 2 is not one of the node's 2 GPUs"):
+        scenario(pod.replace("value: 30}", "value: 30, device: 2}"), base)

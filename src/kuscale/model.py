@@ -210,6 +210,8 @@ class PodState:
     """Monotonic seconds of the sample the next usage is measured from."""
     cpu_baseline: CpuCounters | None = None
     gpu_baseline: int | None = None
+    gpu_device: int = 0
+    """The GPU its client runs on, as the GPU layer says."""
     held: Held | None = None
     """What the CPU actuator found when it took the pod over, to give back."""
     original: Original | None = None

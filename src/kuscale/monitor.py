@@ -141,7 +141,14 @@ class Monitor:
         self.on_tick = on_tick
         self.on_completed = on_completed
         self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
-        self._ceilings: list[float] = self.capacity.tolist()
+        """The node's totals per resource."""
+        self.device_capacity = np.array(gpu.devices() if gpu else (), dtype=np.float64)
+        """Each GPU device's capacity: a pod's GPU share lives on one device."""
+        self._reach = np.array(
+            [self.capacity[0], self.device_capacity.max(initial=0.0)], dtype=np.float64
+        )
+        """The most one pod can hold per resource: the node's CPU, one device's GPU."""
+        self._ceilings: list[float] = self._reach.tolist()
         self._pinned_at = 1.0 - config.policy_config.pin_tolerance
         self._prices = config.policy_config.prices()
         self._weighted = np.array(
@@ -231,15 +238,26 @@ class Monitor:
         if spec.vgpu_id is not None and self.gpu is None:
             return "the pod asks for a GPU and this node has no GPU layer"
         uses = np.array([r in spec.resources for r in RESOURCES])
-        return self.policy.admit(float(spec.tokens), uses, self.capacity, self._committed())
+        capacity, device = self._reach.copy(), 0
+        if self.gpu is not None and spec.vgpu_id is not None:
+            try:
+                device = self.gpu.device_of(spec.vgpu_id)
+            except BackendError as err:
+                return f"its GPU client is not placed on a device: {err}"
+            if not 0 <= device < self.device_capacity.size:
+                return f"its GPU client is on device {device}, which this node does not have"
+            capacity[Resource.GPU] = self.device_capacity[device]
+        return self.policy.admit(float(spec.tokens), uses, capacity, self._committed(device))
 
-    def _committed(self) -> FloatArray:
-        """Minimum limits already promised to running pods, per resource."""
+    def _committed(self, device: int) -> FloatArray:
+        """Minimum limits already promised to running pods, per resource: the node's CPU,
+        and the GPU of `device`."""
         minimums = self.config.policy_config.minimums()
         committed = np.zeros(len(RESOURCES))
         for pod in self.registry.running.values():
             for resource in pod.resources:
-                committed[resource] += minimums[resource]
+                if resource is Resource.CPU or pod.gpu_device == device:
+                    committed[resource] += minimums[resource]
         return committed
 
     def _start(self, pod: PodState, now: float) -> None:
@@ -247,6 +265,8 @@ class Monitor:
         set the initial limits. A retry after a failure part way takes nothing over twice."""
         spec = pod.spec
         if self.gpu is not None and spec.vgpu_id is not None:
+            pod.gpu_device = self.gpu.device_of(spec.vgpu_id)
+            self.gpu.track(spec.vgpu_id, spec.cgroup)
             pod.gpu_baseline = self.gpu.read(spec.vgpu_id)
         pod.cpu_baseline = self.cpu.read(spec.cgroup)
         pod.throttle_mark = pod.cpu_baseline.nr_throttled
@@ -593,11 +613,13 @@ class Monitor:
             starved=(column("starved") > 0.0) & uses,
             demand=column("demand"),
             uses=uses,
-            capacity=self.capacity,
+            capacity=self._reach,
             keys=tuple(m.pod.key for m in measured),
             throttled=column("throttled"),
             spread=spread,
             weighted=self._weighted,
+            device=np.array([m.pod.gpu_device for m in measured], dtype=np.int64),
+            device_capacity=self.device_capacity,
         )
         decision = self.policy.decide(obs)
         pairs = (
@@ -729,7 +751,7 @@ class Monitor:
             queue=np.array([p.token_queue for p in pods]),
             limits=limits,
             uses=uses,
-            capacity=self.capacity,
+            capacity=self._reach,
             held=held,
             weighted=self._weighted,
         )

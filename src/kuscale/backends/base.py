@@ -95,6 +95,19 @@ class GpuBackend(Protocol):
         """Percent of one GPU the node can give pods: GPUs × 100."""
         ...
 
+    def devices(self) -> tuple[float, ...]:
+        """Capacity of each device the layer schedules on its own, percent: a client's share
+        lives on one device, and the devices' sum is `capacity()`."""
+        ...
+
+    def device_of(self, vgpu_id: str) -> int:
+        """The device the client runs on, an index into `devices()`."""
+        ...
+
+    def track(self, vgpu_id: str, cgroup: str) -> None:
+        """The cgroup whose processes are the client, for layers that measure use by process."""
+        ...
+
     def exists(self, vgpu_id: str) -> bool: ...
 
     def read(self, vgpu_id: str) -> int:

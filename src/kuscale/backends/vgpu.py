@@ -44,6 +44,16 @@ class VgpuLayer:
     def capacity(self) -> float:
         return 100.0 * self.gpus
 
+    def devices(self) -> tuple[float, ...]:
+        """The kernel module's scheduler pools the node's GPUs: one device of them all."""
+        return (self.capacity(),)
+
+    def device_of(self, vgpu_id: str) -> int:
+        return 0
+
+    def track(self, vgpu_id: str, cgroup: str) -> None:
+        """The module accounts busy time per vGPU itself."""
+
     def _dir(self, vgpu_id: str) -> Path:
         try:
             validate_vgpu_id(vgpu_id)

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
+IntArray = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,10 @@ class Observation:
     """Per resource: True where the kernel shares it among pods by their tokens inside every
     period (cpu.shares/cpu.weight from tokens), so limits may add up to more than the node
     has without handing contended capacity to whoever holds the larger limit."""
+    device: IntArray | None = field(default=None)
+    """The GPU device each pod's client runs on; None: one device of `capacity`."""
+    device_capacity: FloatArray | None = field(default=None)
+    """Each GPU device's capacity; `capacity`'s GPU entry is the largest of them."""
 
     @property
     def size(self) -> int:

@@ -16,7 +16,14 @@ import numpy as np
 
 from kuscale.config import PolicyConfig
 from kuscale.model import RESOURCES, Resource
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
+from kuscale.policy.base import (
+    BoolArray,
+    Decision,
+    FloatArray,
+    IntArray,
+    Observation,
+    Starving,
+)
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_pods
@@ -103,7 +110,16 @@ class KuscalePolicy:
             )
             desired = np.maximum(desired, generous)
         weighted = np.zeros(len(RESOURCES), dtype=bool) if obs.weighted is None else obs.weighted
-        limits = self.share_node(desired, demand, obs.tokens, obs.uses, obs.capacity, weighted)
+        limits = self.share_node(
+            desired,
+            demand,
+            obs.tokens,
+            obs.uses,
+            obs.capacity,
+            weighted,
+            obs.device,
+            obs.device_capacity,
+        )
         return Decision(
             limits=limits,
             weights=np.where(obs.uses, weights, 0.0),
@@ -174,8 +190,11 @@ class KuscalePolicy:
         uses: BoolArray,
         capacity: FloatArray,
         weighted: BoolArray,
+        device: IntArray | None = None,
+        device_capacity: FloatArray | None = None,
     ) -> FloatArray:
-        """Water-fill each resource the pods want more of than the node has: first what
+        """Water-fill each resource the pods want more of than the node has (each GPU device
+        on its own, as a client's share lives on one device): first what
         each pod is estimated to need, then the headroom above it, both by tokens.
 
         When the needs alone fill the node, they are not trusted: on a saturated node the
@@ -187,16 +206,33 @@ class KuscalePolicy:
         period, so what one pod leaves idle another can use at once."""
         limits = desired.copy()
         for r in RESOURCES:
-            column = uses[:, r]
-            if not column.any() or weighted[r]:
+            if weighted[r]:
                 continue
-            share = float(capacity[r] * self.overcommit[r])
-            wanted = desired[column, r]
-            floors = np.full(wanted.shape, self.minimums[r])
-            need = np.minimum(np.maximum(demand[column, r], floors), wanted)
-            if need.sum() >= share:
-                need = wanted
-            first = water_fill(share, tokens[column], need, floors=floors)
-            rest = max(share - float(first.sum()), 0.0)
-            limits[column, r] = first + water_fill(rest, tokens[column], wanted - first)
+            for column, room in _shared_units(r, uses, capacity, device, device_capacity):
+                if not column.any():
+                    continue
+                share = float(room * self.overcommit[r])
+                wanted = desired[column, r]
+                floors = np.full(wanted.shape, self.minimums[r])
+                need = np.minimum(np.maximum(demand[column, r], floors), wanted)
+                if need.sum() >= share:
+                    need = wanted
+                first = water_fill(share, tokens[column], need, floors=floors)
+                rest = max(share - float(first.sum()), 0.0)
+                limits[column, r] = first + water_fill(rest, tokens[column], wanted - first)
         return limits
+
+
+def _shared_units(
+    resource: Resource,
+    uses: BoolArray,
+    capacity: FloatArray,
+    device: IntArray | None,
+    device_capacity: FloatArray | None,
+) -> list[tuple[BoolArray, float]]:
+    """The pods that share one unit of a resource, and its capacity: the node's CPU; each
+    GPU device, where the layer places clients on devices."""
+    column = uses[:, resource]
+    if resource is not Resource.GPU or device is None or device_capacity is None:
+        return [(column, float(capacity[resource]))]
+    return [(column & (device == d), float(room)) for d, room in enumerate(device_capacity)]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kuscale.model import RESOURCES
+from kuscale.model import RESOURCES, Resource
 from kuscale.policy.base import FloatArray
 from kuscale.sim.run import Trace
 
@@ -43,8 +43,8 @@ starved."""
 def evaluate(trace: Trace) -> dict[str, Any]:
     """The metrics of one run, in the shape `kuscale sim --json` writes."""
     scenario = trace.scenario
-    capacity = np.array([scenario.cores * 100.0, scenario.gpus * 100.0])
-    limit = np.where(np.isnan(trace.limit), capacity, trace.limit).astype(np.float64)
+    reach = np.array([scenario.cores * 100.0, 100.0])
+    limit = np.where(np.isnan(trace.limit), reach, trace.limit).astype(np.float64)
     demand = trace.demand.astype(np.float64)
     usage = trace.usage.astype(np.float64)
     managed = trace.alive & ~trace.refused
@@ -65,8 +65,8 @@ def evaluate(trace: Trace) -> dict[str, Any]:
                 (np.maximum(d - u, 0.0) * trace.tokens[uses]).sum(),
                 (d * trace.tokens[uses]).sum(),
             ),
-            "idle_while_starved_fraction": idle_while_starved(
-                d, u, headroom[:, uses] / prices[resource], capacity[resource]
+            "idle_while_starved_fraction": _idle_while_starved_by_unit(
+                trace, resource, d, u, headroom[:, uses] / prices[resource]
             ),
             "slack_fraction": _ratio(
                 np.where(held, np.maximum(lim - u, 0.0), 0.0).sum(), np.where(held, lim, 0.0).sum()
@@ -86,9 +86,39 @@ def evaluate(trace: Trace) -> dict[str, Any]:
             ),
             "decide_seconds_per_tick": trace.decide_seconds_per_tick,
             "refused_pods": int(trace.refused.sum()),
+            "gpu_device_peak_percent": device_peaks(trace),
         }
     )
     return result
+
+
+def _idle_while_starved_by_unit(
+    trace: Trace, resource: Resource, demand: FloatArray, usage: FloatArray, affordable: FloatArray
+) -> float:
+    """Over the node's CPU; over each GPU device on its own (a pod starving on one GPU
+    cannot use another's idle time), averaged over the devices."""
+    scenario = trace.scenario
+    if resource is Resource.CPU:
+        return idle_while_starved(demand, usage, affordable, scenario.cores * 100.0)
+    devices = np.array([pod.device for pod in scenario.pods])[trace.uses[:, resource]]
+    per_device = [
+        idle_while_starved(
+            demand[:, devices == d], usage[:, devices == d], affordable[:, devices == d], 100.0
+        )
+        for d in range(scenario.gpus)
+    ]
+    return float(np.mean(per_device))
+
+
+def device_peaks(trace: Trace) -> list[float]:
+    """The most any tick's pods used of each GPU device together: never above 100 where
+    the node shares each device on its own."""
+    devices = np.array([pod.device for pod in trace.scenario.pods])
+    gpu = trace.usage[:, :, RESOURCES[1]].astype(np.float64)
+    return [
+        float(gpu[:, devices == device].sum(axis=1).max(initial=0.0))
+        for device in range(trace.scenario.gpus)
+    ]
 
 
 RESOURCE_METRICS = (

@@ -3,7 +3,8 @@
 Every pod is a row of arrays, so one step of a thousand pods is a handful of numpy
 operations. Over a step each pod receives min(demand, limit); when those add up to more than
 the node has, the node shares by weight (cpu.shares for the CPU, equal for the GPU) capped at
-what each pod asks, as the kernel's fair scheduler would. A pod whose demand exceeds its
+what each pod asks, as the kernel's fair scheduler would; each GPU device is shared on its own,
+since a client runs on one device. A pod whose demand exceeds its
 quota is throttled in every CFS period of the step.
 
 Demand comes either from per-pod step schedules (the demo and the tests) or, for scenarios,
@@ -24,6 +25,7 @@ from kuscale.policy.waterfill import water_fill
 from kuscale.workload import Schedule
 
 CFS_PERIOD = 0.1
+DEVICE_CAPACITY = 100.0
 NS = 1e9
 
 DemandSource = Callable[[float], FloatArray]
@@ -38,6 +40,7 @@ class SimPod:
     gpu: Schedule | None = None
     end: float = float("inf")
     start: float = 0.0
+    device: int = 0
 
 
 class SimNode:
@@ -56,6 +59,7 @@ class SimNode:
         self.removed = np.zeros(0, dtype=bool)
         self.limit = np.zeros((0, 2))
         self.shares = np.zeros(0)
+        self.device = np.zeros(0, dtype=np.int64)
         self.demand = np.zeros((0, 2))
         self.granted = np.zeros((0, 2))
         self.busy_ns = np.zeros((0, 2))
@@ -68,11 +72,18 @@ class SimNode:
         self._ends: list[float] = []
 
     def add(self, name: str, pod: SimPod) -> None:
-        self.add_rows([name], np.array([pod.start]), np.array([pod.end]))
+        self.add_rows([name], np.array([pod.start]), np.array([pod.end]), [pod.device])
         self._schedules.append(pod)
 
-    def add_rows(self, names: list[str], start: FloatArray, end: FloatArray) -> None:
-        """Append pods whose demand the node's demand source gives, in this row order."""
+    def add_rows(
+        self,
+        names: list[str],
+        start: FloatArray,
+        end: FloatArray,
+        devices: list[int] | None = None,
+    ) -> None:
+        """Append pods whose demand the node's demand source gives, in this row order, with
+        the GPU each runs on (default: the first)."""
         first = len(self.index)
         self.index.update((name, first + i) for i, name in enumerate(names))
         rows = len(names)
@@ -81,6 +92,8 @@ class SimNode:
         self.removed = np.concatenate([self.removed, np.zeros(rows, dtype=bool)])
         self.limit = np.concatenate([self.limit, np.full((rows, 2), np.nan)])
         self.shares = np.concatenate([self.shares, np.full(rows, 1024.0)])
+        placed = np.array(devices if devices is not None else [0] * rows, dtype=np.int64)
+        self.device = np.concatenate([self.device, placed])
         for name in ("demand", "granted", "busy_ns"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros((rows, 2))]))
         self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
@@ -126,12 +139,16 @@ class SimNode:
         self.demand = np.where(live[:, None], self._demand_now(), 0.0)
         wanted = np.fmin(self.demand, self.limit)
         granted = np.zeros_like(wanted)
-        for resource, weights in ((Resource.CPU, self.shares), (Resource.GPU, None)):
-            column = wanted[live, resource]
-            if column.sum() > self.capacity[resource]:
-                fair = np.ones(column.shape) if weights is None else weights[live]
-                column = water_fill(float(self.capacity[resource]), fair, column)
-            granted[live, resource] = column
+        column = wanted[live, Resource.CPU]
+        if column.sum() > self.capacity[Resource.CPU]:
+            column = water_fill(float(self.capacity[Resource.CPU]), self.shares[live], column)
+        granted[live, Resource.CPU] = column
+        for device in range(self.gpus):
+            on = live & (self.device == device)
+            column = wanted[on, Resource.GPU]
+            if column.sum() > DEVICE_CAPACITY:
+                column = water_fill(DEVICE_CAPACITY, np.ones(column.shape), column)
+            granted[on, Resource.GPU] = column
         self.granted = granted
         self.busy_ns += granted / 100.0 * seconds * NS
         periods = max(1, round(seconds / CFS_PERIOD))
@@ -225,6 +242,15 @@ class SimGpu:
 
     def capacity(self) -> float:
         return float(self.node.capacity[Resource.GPU])
+
+    def devices(self) -> tuple[float, ...]:
+        return (DEVICE_CAPACITY,) * self.node.gpus
+
+    def device_of(self, vgpu_id: str) -> int:
+        return int(self.node.device[self.node.row(vgpu_id)])
+
+    def track(self, vgpu_id: str, cgroup: str) -> None:
+        """A simulated pod's GPU use is its own row's."""
 
     def exists(self, vgpu_id: str) -> bool:
         return self.node.present(vgpu_id)

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from scipy import sparse
 from scipy.optimize import linprog
 
-from kuscale.model import RESOURCES
+from kuscale.model import RESOURCES, Resource
 from kuscale.policy.base import BoolArray, FloatArray
 from kuscale.policy.default import KuscalePolicy
 from kuscale.sim.run import Trace
@@ -73,10 +73,11 @@ def admitted(scenario: Scenario) -> BoolArray:
     arrivals are admitted first, against the minimums of the pods still running, then the
     pods whose end has come complete."""
     policy = KuscalePolicy(scenario.config.policy_config)
-    capacity = np.array([scenario.cores * 100.0, scenario.gpus * 100.0])
+    capacity = reach(scenario)
     minimums = scenario.config.policy_config.minimums()
     pods = scenario.pods
     uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
+    devices = np.array([p.device for p in pods])
     result = np.zeros(len(pods), dtype=bool)
     running: list[int] = []
     order = sorted(range(len(pods)), key=lambda i: (pods[i].start, i))
@@ -85,12 +86,22 @@ def admitted(scenario: Scenario) -> BoolArray:
         while arrived < len(order) and pods[order[arrived]].start <= now:
             index = order[arrived]
             arrived += 1
-            committed = (uses[running] * minimums).sum(axis=0)
+            # The node's CPU, and the GPU of the device the pod would join.
+            shared = uses[running] & np.array([True, False])
+            shared[:, Resource.GPU] = uses[running, Resource.GPU] & (
+                devices[running] == devices[index]
+            )
+            committed = (shared * minimums).sum(axis=0)
             if policy.admit(float(pods[index].tokens), uses[index], capacity, committed) is None:
                 result[index] = True
                 running.append(index)
         running = [i for i in running if pods[i].end > now]
     return result
+
+
+def reach(scenario: Scenario) -> FloatArray:
+    """The most one pod can hold per resource: the node's CPU, one GPU device."""
+    return np.array([scenario.cores * 100.0, 100.0 if scenario.gpus else 0.0])
 
 
 def solve_oracle(
@@ -162,11 +173,10 @@ class _Program:
         """(limits, served) for this window; limits are NaN where unlimited or not alive."""
         scenario = self.scenario
         config = scenario.config.policy_config
-        capacity = np.array([scenario.cores * 100.0, scenario.gpus * 100.0])
         managed = self.alive & ~self.refused[None]
         cells = self.alive[:, :, None] & self.uses[None]
         managed_cells = cells & managed[:, :, None]
-        cap = KuscalePolicy(config).upper_bounds(capacity)
+        cap = KuscalePolicy(config).upper_bounds(reach(scenario))
         minimum = np.minimum(config.minimums(), cap)
         queue_cap = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
         queue_cap = queue_cap * config.burst_seconds
@@ -178,8 +188,10 @@ class _Program:
         rows = _Rows()
         both = np.flatnonzero(managed_cells.ravel())
         rows.add([served.ravel()[both], limits.ravel()[both]], [1.0, -1.0], np.zeros(both.size))
-        for resource in RESOURCES:
-            rows.sums(served[:, :, resource], capacity[resource])
+        rows.sums(served[:, :, Resource.CPU], scenario.cores * 100.0)
+        devices = np.array([pod.device for pod in scenario.pods])
+        for device in range(scenario.gpus):
+            rows.sums(served[:, devices == device, Resource.GPU], 100.0)
         tokens = np.array([p.tokens for p in scenario.pods], dtype=np.float64)
         period = scenario.period
         before = np.full(queues.shape, -1, dtype=np.intp)

@@ -114,7 +114,10 @@ def simulate(
     )
     pods = scenario.pods
     node.add_rows(
-        [p.name for p in pods], np.array([p.start for p in pods]), np.array([p.end for p in pods])
+        [p.name for p in pods],
+        np.array([p.start for p in pods]),
+        np.array([p.end for p in pods]),
+        [p.device for p in pods],
     )
     config = replace(scenario.config, policy=policy_name)
     policy = TimedPolicy(make_policy(policy_name, config.policy_config))

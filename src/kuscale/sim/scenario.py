@@ -7,7 +7,7 @@ per pod, so the same seed gives the same demand bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ class ScenarioPod:
     end: float
     cpu: Shape
     gpu: Shape | None
+    device: int = 0
+    """The GPU the pod's client runs on (pods without a GPU: 0, unused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class Scenario:
         lifetime. Pod i draws from the i-th child of the seed, whatever the others do."""
         times = self.times()
         streams = np.random.SeedSequence(self.seed if seed is None else seed).spawn(len(self.pods))
-        ceiling = (self.cores * 100.0, self.gpus * 100.0)
+        ceiling = (self.cores * 100.0, 100.0)
         matrix = np.zeros((times.size, len(self.pods), 2))
         for column, (pod, stream) in enumerate(zip(self.pods, streams, strict=True)):
             rng = np.random.default_rng(stream)
@@ -105,10 +107,11 @@ def _scenario(top: Section, directory: Path, default_name: str) -> Scenario:
         top.fail("duration", f"must be at least one period ({period:g} s)")
     seed = top.integer("seed", 0)
     config = _config(top, period)
-    capacity = (cores * 100.0, gpus * 100.0)
+    capacity = (cores * 100.0, 100.0 if gpus else 0.0)
     pods: list[ScenarioPod] = []
     for spec in top.sections("pods"):
-        pods.extend(_pods(spec, directory, duration, capacity))
+        pods.extend(_pods(spec, directory, duration, capacity, gpus))
+    pods = spread_over_gpus(pods, gpus)
     names = [pod.name for pod in pods]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
@@ -127,10 +130,25 @@ def _config(top: Section, period: float) -> AgentConfig:
         top.fail("config", str(err))
 
 
+def spread_over_gpus(pods: list[ScenarioPod], gpus: int) -> list[ScenarioPod]:
+    """The stable rule for pods whose `gpu:` names no `device:` (device -1 until here): the
+    i-th such GPU pod of the file goes on GPU i mod gpus."""
+    spread = 0
+    placed = []
+    for pod in pods:
+        if pod.gpu is not None and pod.device < 0:
+            placed.append(replace(pod, device=spread % max(gpus, 1)))
+            spread += 1
+        else:
+            placed.append(pod)
+    return placed
+
+
 def _pods(
-    spec: Section, directory: Path, duration: float, capacity: tuple[float, float]
+    spec: Section, directory: Path, duration: float, capacity: tuple[float, float], gpus: int
 ) -> list[ScenarioPod]:
-    """One entry of `pods:`, expanded to `replicas` pods named NAME-0, NAME-1, ..."""
+    """One entry of `pods:`, expanded to `replicas` pods named NAME-0, NAME-1, ...; the GPU
+    demand's `device:` puts them on one GPU (a pod's client runs on one device)."""
     name = spec.text("name")
     try:
         tokens = validate_tokens(spec.raw("tokens"))
@@ -142,7 +160,13 @@ def _pods(
     if end <= start:
         spec.fail("end", f"must be after start ({start:g}), got {end:g}")
     cpu = _demand(spec, "cpu", directory, capacity[0])
-    gpu = _demand(spec, "gpu", directory, capacity[1]) if spec.has("gpu") else None
+    gpu, device = None, 0
+    if spec.has("gpu"):
+        gpu_spec = spec.section("gpu")
+        device = gpu_spec.integer("device") if gpu_spec.has("device") else -1
+        if device >= gpus:
+            spec.fail("gpu", f"device {device} is not one of the node's {gpus} GPUs")
+        gpu = _shape(spec, "gpu", gpu_spec, directory, capacity[1])
     spec.done()
     names = [name] if replicas == 1 else [f"{name}-{i}" for i in range(replicas)]
     for pod_name in names:
@@ -150,11 +174,15 @@ def _pods(
             validate_pod_name(pod_name)
         except InvalidSpec as err:
             spec.fail("name", str(err))
-    return [ScenarioPod(n, tokens, start, end, cpu, gpu) for n in names]
+    return [ScenarioPod(n, tokens, start, end, cpu, gpu, device) for n in names]
 
 
 def _demand(spec: Section, key: str, directory: Path, capacity: float) -> Shape:
-    shape = read_shape(spec.section(key), directory)
+    return _shape(spec, key, spec.section(key), directory, capacity)
+
+
+def _shape(spec: Section, key: str, section: Section, directory: Path, capacity: float) -> Shape:
+    shape = read_shape(section, directory)
     if shape.peak > capacity:
         spec.fail(
             key,
