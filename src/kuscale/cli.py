@@ -320,8 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_kubernetes_parsers(sub)
 
-    emulator = sub.add_parser("gpu-emulator", help="emulate one shared GPU for local mode")
+    emulator = sub.add_parser("gpu-emulator", help="emulate shared GPUs for local mode")
     emulator.add_argument("--state-dir", type=Path, required=True)
+    emulator.add_argument("--devices", type=_positive_int, default=1, help="GPUs to emulate")
+    emulator.add_argument(
+        "--no-enforce",
+        action="store_true",
+        help="be the GPU only: another layer (Gemini's scheduler) decides who launches",
+    )
 
     workload = sub.add_parser("workload", help="a synthetic workload of known demand")
     workload.add_argument("--cpu", default="0:100", help="schedule SECONDS:PERCENT,...")
@@ -641,7 +647,9 @@ def cmd_gpu_emulator(args: argparse.Namespace) -> int:
     from kuscale.local.statedir import StateDir
 
     state = StateDir(args.state_dir).ensure()
-    emulator = GpuEmulator(state.vgpu, state.gpu_socket)
+    emulator = GpuEmulator(
+        state.vgpu, state.gpu_socket, devices=args.devices, enforce=not args.no_enforce
+    )
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

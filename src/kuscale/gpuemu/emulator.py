@@ -1,14 +1,22 @@
-"""An emulated shared GPU with Gemini-like enforcement of each client's time share.
+"""Emulated GPUs: kernels run one at a time per device, busy time is accounted per client
+and per process, and each device keeps NVML-style utilisation samples.
 
-Clients connect to a unix socket and submit kernels (`RUN <µs>`); the one GPU runs one kernel
-at a time. Each vGPU id holds a credit that refills at its share of GPU time per second (its
-`gpu_limit` per-mille) and is capped at `window` seconds of that share: a client out of credit
-waits, as a Gemini client's launches block when its quota in the window is spent. Busy time
-is accounted per id into `total_runtime`, and limits are re-read only when the reload file is
-poked, so the agent drives this exactly as it drives the kernel module.
+Clients connect to a unix socket and submit kernels (`RUN <µs>`) to the device they named.
+With `enforce` (the vGPU layer's emulation), each vGPU id holds a credit that refills at its
+share of GPU time per second (its `gpu_limit` per-mille) and is capped at `window` seconds of
+that share: a client out of credit waits, as a Gemini client's launches block when its quota
+in the window is spent. Busy time is accounted per id into `total_runtime`, and limits are
+re-read only when the reload file is poked, so the agent drives this exactly as it drives the
+kernel module. Without `enforce` the emulator is only the GPU: something else (Gemini's
+scheduler, in front of the client) decides who may launch.
 
-Protocol (one line each way): `HELLO <vgpu id>` → `OK`; `RUN <microseconds>` → `DONE`;
-anything else → `ERR <reason>`.
+Every `sample_interval` each device records, per process that ran kernels in it, a sample
+`(pid, CPU timestamp µs, SM utilisation %)` — the shape NVML's per-process utilisation has —
+into a bounded buffer, as the driver does. The process is the client's peer (SO_PEERCRED).
+
+Protocol (one line each way): `HELLO <vgpu id> [device]` → `OK`; `RUN <microseconds>` →
+`DONE`; `DEVICES` → the count; `SAMPLES <device> <since µs>` → one `pid timestamp sm` line
+per newer sample, then `END`; anything else → `ERR <reason>`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,6 +40,8 @@ from kuscale.model import InvalidSpec, validate_vgpu_id
 log = logging.getLogger("kuscale.gpuemu")
 
 MAX_KERNEL_SECONDS = 0.1
+SAMPLES_KEPT = 4096
+"""Per device: at 10 samples a second for a few processes, minutes of history."""
 
 
 @dataclass(slots=True)
@@ -46,22 +58,79 @@ class Account:
 @dataclass(slots=True)
 class Kernel:
     account: Account
+    pid: int
     seconds: float
     done: asyncio.Future[None]
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    pid: int
+    timestamp_us: int
+    sm_util: int
+
+
+@dataclass
+class Device:
+    """One emulated GPU: its queue of kernels, and who kept it busy lately."""
+
+    index: int
+    pending: deque[Kernel] = field(default_factory=deque)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    busy_since_sample: dict[int, float] = field(default_factory=dict)
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
+
+    def take_sample(self, interval: float) -> None:
+        now_us = time.time_ns() // 1000
+        for pid, busy in self.busy_since_sample.items():
+            util = min(100, round(busy / interval * 100))
+            if util > 0:
+                self.samples.append(Sample(pid, now_us, util))
+        self.busy_since_sample.clear()
+
+    def samples_since(self, since_us: int) -> list[Sample]:
+        return [sample for sample in self.samples if sample.timestamp_us > since_us]
+
+
+@dataclass
+class Client:
+    """One connection: the process behind it, and the account and device it said HELLO to."""
+
+    pid: int
+    account: Account | None = None
+    device: Device | None = None
+
+
+def peer_pid(writer: asyncio.StreamWriter) -> int:
+    """The connecting process (Linux SO_PEERCRED: pid, uid, gid); 0 where unknown."""
+    sock = writer.get_extra_info("socket")
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return 0
+    return int(struct.unpack("3i", creds)[0])
+
+
 class GpuEmulator:
     def __init__(
-        self, root: Path, socket_path: Path, window: float = 0.1, flush_interval: float = 0.05
+        self,
+        root: Path,
+        socket_path: Path,
+        window: float = 0.1,
+        flush_interval: float = 0.05,
+        devices: int = 1,
+        enforce: bool = True,
+        sample_interval: float = 0.1,
     ) -> None:
         self.layer = VgpuLayer(root)
         self.root = root
         self.socket_path = socket_path
         self.window = window
         self.flush_interval = flush_interval
+        self.enforce = enforce
+        self.sample_interval = sample_interval
         self.accounts: dict[str, Account] = {}
-        self.pending: deque[Kernel] = deque()
-        self._arrived = asyncio.Event()
+        self.devices = [Device(index) for index in range(devices)]
         self._reload_mtime = 0.0
 
     def _read_share(self, vgpu_id: str) -> float:
@@ -74,38 +143,43 @@ class GpuEmulator:
 
     def account(self, vgpu_id: str) -> Account:
         if vgpu_id not in self.accounts:
-            self.layer.create(vgpu_id)
-            share = self._read_share(vgpu_id)
+            share = 1.0
+            if self.enforce:
+                self.layer.create(vgpu_id)
+                share = self._read_share(vgpu_id)
             self.accounts[vgpu_id] = Account(vgpu_id, share=share, credit=share * self.window)
         return self.accounts[vgpu_id]
 
     def _refill(self, account: Account, now: float) -> None:
+        if not self.enforce:
+            account.credit = 0.0
+            return
         account.credit = min(
             account.credit + (now - account.refilled) * account.share, account.share * self.window
         )
         account.refilled = now
 
-    def _next_kernel(self) -> tuple[Kernel | None, float]:
+    def _next_kernel(self, device: Device) -> tuple[Kernel | None, float]:
         """The first pending kernel whose client has credit, or how long until one will."""
         now = time.monotonic()
         wait = float("inf")
-        for kernel in self.pending:
+        for kernel in device.pending:
             self._refill(kernel.account, now)
             if kernel.account.credit >= 0:
-                self.pending.remove(kernel)
+                device.pending.remove(kernel)
                 return kernel, 0.0
             wait = min(wait, -kernel.account.credit / kernel.account.share)
         return None, wait
 
-    async def _execute(self) -> None:
-        """The GPU: one kernel at a time, for as long as it asks."""
+    async def _execute(self, device: Device) -> None:
+        """One GPU: one kernel at a time, for as long as it asks."""
         while True:
-            kernel, wait = self._next_kernel()
+            kernel, wait = self._next_kernel(device)
             if kernel is None:
-                self._arrived.clear()
+                device.arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self._arrived.wait(), None if wait == float("inf") else wait
+                        device.arrived.wait(), None if wait == float("inf") else wait
                     )
                 continue
             started = time.monotonic()
@@ -113,11 +187,22 @@ class GpuEmulator:
             busy = time.monotonic() - started
             kernel.account.busy_ns += int(busy * 1e9)
             kernel.account.credit -= busy
+            device.busy_since_sample[kernel.pid] = (
+                device.busy_since_sample.get(kernel.pid, 0.0) + busy
+            )
             if not kernel.done.done():
                 kernel.done.set_result(None)
 
+    async def _sampler(self) -> None:
+        while True:
+            await asyncio.sleep(self.sample_interval)
+            for device in self.devices:
+                device.take_sample(self.sample_interval)
+
     def flush(self) -> None:
         """Publish busy time, and take new limits if the agent poked the reload file."""
+        if not self.enforce:
+            return
         for account in self.accounts.values():
             directory = Path(confine(self.root, account.vgpu_id))
             tmp = directory / f".{TOTAL_RUNTIME}.tmp"
@@ -141,10 +226,10 @@ class GpuEmulator:
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        account: Account | None = None
+        client = Client(pid=peer_pid(writer))
         try:
             while line := await reader.readline():
-                reply, account = await self._handle(line.decode(errors="replace").split(), account)
+                reply = await self._handle(line.decode(errors="replace").split(), client)
                 writer.write(reply.encode() + b"\n")
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -152,30 +237,50 @@ class GpuEmulator:
         finally:
             writer.close()
 
-    async def _handle(
-        self, words: list[str], account: Account | None
-    ) -> tuple[str, Account | None]:
-        if len(words) == 2 and words[0] == "HELLO":
-            try:
-                return "OK", self.account(validate_vgpu_id(words[1]))
-            except (InvalidSpec, BackendError) as err:
-                return f"ERR {err}", account
-        if len(words) == 2 and words[0] == "RUN" and words[1].isdigit():
-            if account is None:
-                return "ERR say HELLO first", account
-            seconds = min(int(words[1]) / 1e6, MAX_KERNEL_SECONDS)
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.pending.append(Kernel(account, seconds, done))
-            self._arrived.set()
-            await done
-            return "DONE", account
-        return "ERR unknown request", account
+    async def _handle(self, words: list[str], client: Client) -> str:
+        match words:
+            case ["HELLO", vgpu_id, *device] if len(device) <= 1:
+                return self._hello(client, vgpu_id, device[0] if device else "0")
+            case ["RUN", micros] if micros.isdigit():
+                if client.account is None or client.device is None:
+                    return "ERR say HELLO first"
+                seconds = min(int(micros) / 1e6, MAX_KERNEL_SECONDS)
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                client.device.pending.append(Kernel(client.account, client.pid, seconds, done))
+                client.device.arrived.set()
+                await done
+                return "DONE"
+            case ["DEVICES"]:
+                return str(len(self.devices))
+            case ["SAMPLES", index, since] if index.isdigit() and since.isdigit():
+                if int(index) >= len(self.devices):
+                    return f"ERR no device {index}"
+                lines = [
+                    f"{s.pid} {s.timestamp_us} {s.sm_util}"
+                    for s in self.devices[int(index)].samples_since(int(since))
+                ]
+                return "\n".join([*lines, "END"])
+        return "ERR unknown request"
+
+    def _hello(self, client: Client, vgpu_id: str, device: str) -> str:
+        if not device.isdigit() or int(device) >= len(self.devices):
+            return f"ERR no device {device[:20]!r}"
+        try:
+            client.account = self.account(validate_vgpu_id(vgpu_id))
+        except (InvalidSpec, BackendError) as err:
+            return f"ERR {err}"
+        client.device = self.devices[int(device)]
+        return "OK"
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         server = await asyncio.start_unix_server(self._serve_client, path=str(self.socket_path))
-        tasks = [asyncio.create_task(self._execute()), asyncio.create_task(self._flusher())]
+        tasks = [
+            *(asyncio.create_task(self._execute(device)) for device in self.devices),
+            asyncio.create_task(self._flusher()),
+            asyncio.create_task(self._sampler()),
+        ]
         log.info("GPU emulator serving %s on %s", self.root, self.socket_path)
         if ready:
             ready.set()
