@@ -19,14 +19,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # What tests run that no pip package carries: qemu, a generic kernel and busybox for the cgroup
-# v2 VM. Installed from Debian when root and missing; without them those tests skip, saying why.
-TEST_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+# v2 VM; g++ and make to build Gemini's scheduler. Installed from Debian when root and missing;
+# without them those tests skip, saying why.
+TEST_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static g++ make
 test-parts:
 	@if [ "$$(id -u)" = 0 ] && ! { command -v qemu-system-x86_64 && command -v busybox \
-		&& ls /boot/vmlinuz-* | grep -v cloud; } >/dev/null 2>&1; then \
-		echo "installing $(TEST_PACKAGES) from Debian for the cgroup v2 VM"; \
+		&& command -v g++ && command -v make && ls /boot/vmlinuz-* | grep -v cloud; } \
+		>/dev/null 2>&1; then \
+		echo "installing $(TEST_PACKAGES) from Debian for the cgroup v2 VM and Gemini"; \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-			$(TEST_PACKAGES); } >/dev/null || echo "could not install them: the v2 tests skip"; \
+			$(TEST_PACKAGES); } >/dev/null || echo "could not install them: their tests skip"; \
 	fi
 
 test: lint test-parts

@@ -662,6 +662,7 @@ def cmd_gpu_emulator(args: argparse.Namespace) -> int:
 
 def cmd_workload(args: argparse.Namespace) -> int:
     from kuscale.gpuemu.client import GpuClientError, from_environment
+    from kuscale.gpuemu.gemini import GeminiError, gate_from_environment
     from kuscale.workload import Schedule, run
 
     try:
@@ -669,10 +670,11 @@ def cmd_workload(args: argparse.Namespace) -> int:
         gpu = Schedule.parse(args.gpu) if args.gpu else None
     except ValueError as err:
         raise CliError(str(err)) from None
-    socket_path, vgpu_id = from_environment()
     try:
-        run(cpu, gpu, args.duration, socket_path, vgpu_id, args.start_at)
-    except (GpuClientError, ValueError) as err:
+        socket_path, vgpu_id, device = from_environment()
+        gate = gate_from_environment() if gpu is not None else None
+        run(cpu, gpu, args.duration, socket_path, vgpu_id, args.start_at, device, gate)
+    except (GpuClientError, GeminiError, ValueError) as err:
         raise CliError(str(err)) from None
     return 0
 

@@ -2,8 +2,9 @@
 
 Demand is a step schedule, `T:P,T:P,...` (seconds from start : percent). CPU demand above
 100 % runs in several processes, each a duty-cycled busy loop; GPU demand submits kernels to
-the GPU emulator for that share of each slot. Work the limits do not allow is dropped, not
-queued, so measured usage below demand is exactly unmet demand.
+the GPU emulator for that share of each slot — behind Gemini's pod manager, when the hook's
+variables name one, only within the quota Gemini grants. Work the limits do not allow is
+dropped, not queued, so measured usage below demand is exactly unmet demand.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kuscale.gpuemu.client import GpuClient
+from kuscale.gpuemu.gemini import GeminiGate
 
 SLOT_SECONDS = 0.05
 KERNEL_SECONDS = 0.01
@@ -73,9 +75,7 @@ def _gpu_worker(client: GpuClient, schedule: Schedule, start: float, duration: f
         slot_end = now + slot
         wanted = slot * min(schedule.at(now - start) / 100.0, 1.0)
         while wanted > 1e-4 and time.monotonic() < slot_end:
-            kernel = min(KERNEL_SECONDS, wanted)
-            client.run(kernel)
-            wanted -= kernel
+            wanted -= client.run(min(KERNEL_SECONDS, wanted))
         time.sleep(max(0.0, slot_end - time.monotonic()))
 
 
@@ -86,6 +86,8 @@ def run(
     gpu_socket: Path | None = None,
     vgpu_id: str | None = None,
     start: float | None = None,
+    device: int = 0,
+    gate: GeminiGate | None = None,
 ) -> None:
     """Follow the schedules from `start` (CLOCK_MONOTONIC, shared by all processes) on."""
     start = time.monotonic() if start is None else start
@@ -103,7 +105,7 @@ def run(
     if gpu is not None and gpu.peak() > 0:
         if gpu_socket is None or vgpu_id is None:
             raise ValueError("GPU demand needs the emulator's socket and a vGPU id")
-        client = GpuClient(gpu_socket, vgpu_id)
+        client = GpuClient(gpu_socket, vgpu_id, device=device, gate=gate)
         gpu_thread = threading.Thread(
             target=_gpu_worker, args=(client, gpu, start, duration), daemon=True
         )

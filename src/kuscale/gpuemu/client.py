@@ -1,4 +1,5 @@
-"""A blocking client of the GPU emulator: what a workload calls to run a kernel."""
+"""A blocking client of the GPU emulator: what a workload calls to run a kernel, on the
+device it names, behind Gemini's pod manager where one is given."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import os
 import socket
 from pathlib import Path
 
+from kuscale.gpuemu.gemini import GeminiError, GeminiGate
+
 VGPU_ENV = "KUSCALE_VGPU_ID"
 GPU_SOCKET_ENV = "KUSCALE_GPU_SOCKET"
+GPU_DEVICE_ENV = "KUSCALE_GPU_DEVICE"
 
 
 class GpuClientError(Exception):
@@ -15,7 +19,16 @@ class GpuClientError(Exception):
 
 
 class GpuClient:
-    def __init__(self, socket_path: Path, vgpu_id: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        vgpu_id: str,
+        timeout: float = 30.0,
+        device: int = 0,
+        gate: GeminiGate | None = None,
+    ) -> None:
+        self.gate = gate
+        self._burst_ms = 0.0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -24,7 +37,7 @@ class GpuClient:
             self._sock.close()
             raise GpuClientError(f"cannot reach the GPU emulator at {socket_path}: {err}") from err
         self._file = self._sock.makefile("rwb")
-        self._request(f"HELLO {vgpu_id}")
+        self._request(f"HELLO {vgpu_id} {device}")
 
     def _request(self, line: str) -> None:
         self._file.write(line.encode() + b"\n")
@@ -33,16 +46,31 @@ class GpuClient:
         if reply not in ("OK", "DONE"):
             raise GpuClientError(f"GPU emulator answered {reply!r} to {line!r}")
 
-    def run(self, seconds: float) -> None:
-        """Run one kernel of this length; blocks while the client is out of its share."""
+    def run(self, seconds: float) -> float:
+        """Run one kernel of at most this length; blocks while the client is out of its
+        share. Behind Gemini the kernel is cut to the quota left; the seconds it ran."""
+        if self.gate is not None:
+            try:
+                left = self.gate.quota_ms(self._burst_ms) / 1000.0
+            except GeminiError as err:
+                raise GpuClientError(str(err)) from err
+            seconds = min(seconds, max(left, 1e-4))
+            self._burst_ms = seconds * 1000.0
         self._request(f"RUN {max(1, round(seconds * 1e6))}")
+        return seconds
 
     def close(self) -> None:
         self._file.close()
         self._sock.close()
+        if self.gate is not None:
+            self.gate.close()
 
 
-def from_environment() -> tuple[Path | None, str | None]:
-    """The emulator socket and vGPU id that `kuscale launch --gpu` put in the environment."""
+def from_environment() -> tuple[Path | None, str | None, int]:
+    """The emulator socket, vGPU id and device that `kuscale launch --gpu` (or the demo)
+    put in the environment."""
     socket_path = os.environ.get(GPU_SOCKET_ENV)
-    return (Path(socket_path) if socket_path else None), os.environ.get(VGPU_ENV)
+    device = os.environ.get(GPU_DEVICE_ENV, "0")
+    if not device.isdigit():
+        raise GpuClientError(f"{GPU_DEVICE_ENV}={device!r} is not a device index")
+    return (Path(socket_path) if socket_path else None), os.environ.get(VGPU_ENV), int(device)

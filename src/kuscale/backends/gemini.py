@@ -1,0 +1,246 @@
+"""Gemini's scheduler as kuscale's GPU layer: one resource configuration per GPU, rewritten in
+place, and busy time from NVML.
+
+Gemini's `gem-schd` (one per GPU) reads a file of `N` then `N` lines `ID REQUEST LIMIT
+GPU_MEM` — REQUEST and LIMIT fractions of GPU time in the scheduler's sliding window, GPU_MEM
+bytes — and reloads it on inotify's IN_CLOSE_WRITE for that file name, so the file is
+rewritten where it is (open, truncate, write, close), never renamed over (facts from
+Gemini's README and `src/scheduler.cpp`; KubeShare keeps the files at
+`/kubeshare/scheduler/config/<GPU-UUID>`). kuscale changes only the LIMIT and REQUEST of the
+clients it manages; every other line, unparseable ones included, is kept verbatim. Gemini
+reports no use per client, so use comes from NVML, per process, mapped to the pod's cgroup.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kuscale.backends.base import BackendError, RangeError
+from kuscale.backends.files import confine, read_text
+
+log = logging.getLogger("kuscale.gemini")
+
+MAX_CLIENT_NAME = 62
+"""Gemini's IDs are ASCII names under 63 characters (its README)."""
+KEEP_REQUEST = -1.0
+
+
+class GpuUsage(Protocol):
+    """Busy time per cgroup and device: what NVML (or the emulator behind it) measures."""
+
+    def poll(self) -> None: ...
+
+    def busy_ns(self, cgroup: str, device: int) -> int: ...
+
+
+@dataclass(slots=True)
+class ClientLine:
+    name: str
+    request: float
+    limit: float
+    memory: int
+
+    def render(self) -> str:
+        return f"{self.name} {_fraction(self.request)} {_fraction(self.limit)} {self.memory}"
+
+
+Entry = ClientLine | str
+"""A client's line, or a line kuscale could not read, kept as it was."""
+
+
+def _fraction(value: float) -> str:
+    return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0"
+
+
+def validate_client_name(name: str) -> str:
+    if (
+        not name
+        or len(name) > MAX_CLIENT_NAME
+        or not name.isascii()
+        or any(c.isspace() for c in name)
+    ):
+        raise BackendError(
+            f"Gemini client name {name[:80]!r} must be 1-{MAX_CLIENT_NAME} ASCII characters "
+            "without whitespace"
+        )
+    return name
+
+
+def parse_client(line: str) -> ClientLine | None:
+    fields = line.split()
+    if len(fields) != 4 or len(fields[0]) > MAX_CLIENT_NAME or not fields[3].isdigit():
+        return None
+    try:
+        request, limit = float(fields[1]), float(fields[2])
+    except ValueError:
+        return None
+    if not (0.0 <= request <= 1.0 and 0.0 <= limit <= 1.0):
+        return None
+    return ClientLine(fields[0], request, limit, int(fields[3]))
+
+
+def parse_config(text: str) -> list[Entry]:
+    """Every line after the count, read where it can be and kept verbatim where not."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[0].strip().isdigit():
+        lines = lines[1:]
+    return [parse_client(line) or line for line in lines]
+
+
+def render_config(entries: Sequence[Entry]) -> str:
+    body = [entry.render() if isinstance(entry, ClientLine) else entry for entry in entries]
+    return "\n".join([str(len(entries)), *body]) + "\n"
+
+
+def rewrite_in_place(path: str, text: str) -> None:
+    """Open, truncate, write, close on the same file: gem-schd's inotify sees the close, and
+    a rename would go unseen. One write of the whole text, so the file is never empty for
+    longer than the write; a failed write is reported, never retried half done."""
+    data = text.encode("ascii")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    except OSError as err:
+        raise BackendError(f"cannot open {path}: {err.strerror}") from err
+    try:
+        if os.write(fd, data) != len(data):
+            raise BackendError(f"short write to {path}")
+    except OSError as err:
+        raise BackendError(f"cannot write {path}: {err.strerror}") from err
+    finally:
+        os.close(fd)
+
+
+class GeminiLayer:
+    """A `GpuBackend` over Gemini's per-GPU configuration files in `config_dir`.
+
+    `files[d]` names device d's file (a GPU UUID under KubeShare). A client's device is the
+    file that lists it: whoever placed the client on a GPU (KubeShare, kuscale's device
+    plugin, the demo) wrote its line; kuscale only changes it. `request` is the share, in
+    percent, written as REQUEST (KEEP_REQUEST leaves what the file had), never above LIMIT.
+    """
+
+    mode = "gemini"
+
+    def __init__(
+        self,
+        config_dir: Path,
+        files: Sequence[str],
+        usage: GpuUsage | None,
+        request: float = KEEP_REQUEST,
+    ) -> None:
+        if not files:
+            raise BackendError("Gemini needs at least one GPU configuration file")
+        self.paths = [confine(config_dir, name) for name in files]
+        self.usage = usage
+        self.request = request
+        self._cgroups: dict[str, str] = {}
+        self._staged: dict[str, float | None] = {}
+        self._removed: set[str] = set()
+        self._polled = False
+
+    def capacity(self) -> float:
+        return 100.0 * len(self.paths)
+
+    def devices(self) -> tuple[float, ...]:
+        return (100.0,) * len(self.paths)
+
+    def _entries(self, device: int) -> list[Entry]:
+        path = self.paths[device]
+        try:
+            return parse_config(read_text(path))
+        except BackendError:
+            if not os.path.exists(path):
+                return []
+            raise
+
+    def _find(self, client: str) -> tuple[int, ClientLine]:
+        validate_client_name(client)
+        for device in range(len(self.paths)):
+            for entry in self._entries(device):
+                if isinstance(entry, ClientLine) and entry.name == client:
+                    return device, entry
+        raise BackendError(f"Gemini client {client!r} is in no GPU configuration")
+
+    def device_of(self, vgpu_id: str) -> int:
+        return self._find(vgpu_id)[0]
+
+    def exists(self, vgpu_id: str) -> bool:
+        try:
+            self._find(vgpu_id)
+        except BackendError:
+            return False
+        return True
+
+    def track(self, vgpu_id: str, cgroup: str) -> None:
+        self._cgroups[vgpu_id] = cgroup
+
+    def read(self, vgpu_id: str) -> int:
+        """Busy ns from NVML, polled once per tick (the first read after a commit)."""
+        if self.usage is None:
+            raise BackendError("no GPU usage source (NVML) for Gemini")
+        cgroup = self._cgroups.get(vgpu_id)
+        if cgroup is None:
+            raise BackendError(f"Gemini client {vgpu_id!r} has no cgroup to measure")
+        if not self._polled:
+            self.usage.poll()
+            self._polled = True
+        return self.usage.busy_ns(cgroup, self.device_of(vgpu_id))
+
+    def read_limit(self, vgpu_id: str) -> float | None:
+        return self._find(vgpu_id)[1].limit * 100.0
+
+    def write_limit(self, vgpu_id: str, limit: float | None) -> None:
+        """Staged until commit; None (no limit) is the whole GPU: LIMIT 1."""
+        validate_client_name(vgpu_id)
+        if limit is not None and not (math.isfinite(limit) and 0.0 < limit <= 100.0):
+            raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
+        self._staged[vgpu_id] = limit
+        self._removed.discard(vgpu_id)
+
+    def remove(self, vgpu_id: str) -> None:
+        """The client left: its line goes at the next commit (gem-schd keeps clients it once
+        read, so a departed client would otherwise keep a share in the file)."""
+        self._staged.pop(vgpu_id, None)
+        self._cgroups.pop(vgpu_id, None)
+        self._removed.add(vgpu_id)
+
+    def commit(self) -> None:
+        """Rewrite each device's file whose text changed, once."""
+        self._polled = False
+        if not self._staged and not self._removed:
+            return
+        failures = []
+        for device, path in enumerate(self.paths):
+            try:
+                self._commit_device(device, path)
+            except BackendError as err:
+                failures.append(str(err))
+        self._staged.clear()
+        self._removed.clear()
+        if failures:
+            raise BackendError("; ".join(failures))
+
+    def _commit_device(self, device: int, path: str) -> None:
+        entries = self._entries(device)
+        changed: list[Entry] = []
+        for entry in entries:
+            if isinstance(entry, ClientLine) and entry.name in self._removed:
+                continue
+            if isinstance(entry, ClientLine) and entry.name in self._staged:
+                changed.append(self._updated(entry, self._staged[entry.name]))
+            else:
+                changed.append(entry)
+        text = render_config(changed)
+        if entries and text != render_config(entries):
+            rewrite_in_place(path, text)
+
+    def _updated(self, entry: ClientLine, limit: float | None) -> ClientLine:
+        fraction = 1.0 if limit is None else limit / 100.0
+        request = entry.request if self.request == KEEP_REQUEST else self.request / 100.0
+        return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)

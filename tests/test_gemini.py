@@ -1,0 +1,319 @@
+"""Gemini as kuscale's GPU layer: its configuration rewritten in place, its wire protocol, and
+the real `gem-schd`/`gem-pmgr` (built from Gemini's source by `build-gemini`, run as outside
+programs) holding an emulated client to the share kuscale writes, measured through NVML."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from kuscale.backends.base import BackendError, RangeError
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.backends.gemini import (
+    ClientLine,
+    GeminiLayer,
+    parse_config,
+    render_config,
+    validate_client_name,
+)
+from kuscale.backends.nvml import NvmlUsage
+from kuscale.gpuemu.gemini import (
+    MAX_NAME_BYTES,
+    REQUEST_BYTES,
+    GeminiError,
+    decode_quota_response,
+    encode_quota_request,
+)
+from kuscale.gpuemu.nvml import EmulatedNvml
+from kuscale.local.gemini import GeminiRuntime
+
+BUILD_GEMINI_ENV = "KUSCALE_BUILD_GEMINI"
+BUILD_GEMINI = Path(__file__).resolve().parents[2] / "shared" / "tools" / "build-gemini"
+
+CONFIG = "3\nweb 0.1 0.5 1000\nsome garbage line\nother 0 1 2048\n"
+
+
+def config_dir(tmp_path: Path, text: str = CONFIG, devices: int = 1) -> Path:
+    directory = tmp_path / "config"
+    directory.mkdir()
+    for device in range(devices):
+        (directory / str(device)).write_text(text if device == 0 else "0\n")
+    return directory
+
+
+def test_lines_kuscale_cannot_read_are_kept_verbatim_and_counted() -> None:
+    entries = parse_config(CONFIG)
+    assert entries == [
+        ClientLine("web", 0.1, 0.5, 1000),
+        "some garbage line",
+        ClientLine("other", 0.0, 1.0, 2048),
+    ]
+    assert render_config(entries) == CONFIG
+
+
+def test_a_commit_rewrites_only_its_clients_limit_in_place(tmp_path: Path) -> None:
+    directory = config_dir(tmp_path, devices=2)
+    path = directory / "0"
+    inode = path.stat().st_ino
+    layer = GeminiLayer(directory, ["0", "1"], None, request=10.0)
+    assert layer.devices() == (100.0, 100.0)
+    assert layer.device_of("web") == 0
+    assert layer.read_limit("web") == pytest.approx(50.0)
+    layer.write_limit("web", 25.0)
+    untouched = (directory / "1").stat().st_mtime_ns
+    layer.commit()
+    assert path.read_text() == "3\nweb 0.1 0.25 1000\nsome garbage line\nother 0 1 2048\n"
+    assert path.stat().st_ino == inode, "rewritten in place: gem-schd misses a rename"
+    assert (directory / "1").stat().st_mtime_ns == untouched
+    layer.write_limit("web", 5.0)
+    layer.commit()
+    assert "web 0.05 0.05 1000" in path.read_text(), "REQUEST never above LIMIT"
+    layer.remove("web")
+    layer.commit()
+    assert path.read_text() == "2\nsome garbage line\nother 0 1 2048\n"
+    assert not layer.exists("web")
+
+
+def test_an_unchanged_file_is_not_written(tmp_path: Path) -> None:
+    directory = config_dir(tmp_path)
+    layer = GeminiLayer(directory, ["0"], None)
+    before = (directory / "0").stat().st_mtime_ns
+    layer.write_limit("web", 50.0)
+    layer.commit()
+    assert (directory / "0").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("limit", [0.0, -5.0, 100.5, float("nan"), float("inf")])
+def test_a_limit_outside_gemini_range_is_refused_before_staging(
+    tmp_path: Path, limit: float
+) -> None:
+    layer = GeminiLayer(config_dir(tmp_path), ["0"], None)
+    with pytest.raises(RangeError):
+        layer.write_limit("web", limit)
+    layer.commit()
+    assert (tmp_path / "config" / "0").read_text() == CONFIG
+
+
+@pytest.mark.parametrize("name", ["two words", "x" * 63, "", "tab\there", "naïve"])
+def test_client_names_gemini_cannot_hold_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(BackendError, match="Gemini client name"):
+        validate_client_name(name)
+    layer = GeminiLayer(config_dir(tmp_path), ["0"], None)
+    with pytest.raises(BackendError):
+        layer.write_limit(name, 50.0)
+
+
+def test_missing_clients_files_and_escaping_names_are_errors(tmp_path: Path) -> None:
+    directory = config_dir(tmp_path)
+    with pytest.raises(BackendError, match="not allowed"):
+        GeminiLayer(directory, ["../etc"], None)
+    layer = GeminiLayer(directory, ["0", "7"], None)
+    with pytest.raises(BackendError, match="in no GPU configuration"):
+        layer.device_of("nobody")
+    with pytest.raises(BackendError, match="no GPU usage source"):
+        layer.read("web")
+    (directory / "0").chmod(0o444)
+    layer.write_limit("web", 30.0)
+    if os.geteuid() != 0:
+        with pytest.raises(BackendError, match="cannot open"):
+            layer.commit()
+
+
+def test_the_quota_request_has_geminis_exact_layout() -> None:
+    message = encode_quota_request("ns/pod", 7, 1.5, 12.25)
+    assert len(message) == REQUEST_BYTES
+    (length,) = struct.unpack_from("<Q", message)
+    assert length == 6 and message[8:14] == b"ns/pod" and message[14] == 0
+    assert struct.unpack_from("<iidd", message, 15) == (7, 0, 1.5, 12.25)
+    response = struct.pack("<id", 7, 33.5).ljust(40, b"\0")
+    assert decode_quota_response(response) == (7, 33.5)
+    with pytest.raises(GeminiError, match="40 bytes"):
+        decode_quota_response(response[:39])
+    with pytest.raises(GeminiError, match="ASCII"):
+        encode_quota_request("x" * (MAX_NAME_BYTES + 1), 0, 0.0, 0.0)
+
+
+def test_the_emulated_nvml_has_pynvmls_names_and_shapes() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    for name in (
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetProcessesUtilizationInfo",
+    ):
+        assert callable(getattr(pynvml, name)) and callable(getattr(EmulatedNvml, name))
+    for name in ("NVML_ERROR_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED"):
+        assert getattr(pynvml, name) == getattr(EmulatedNvml, name)
+    assert pynvml.NVML_ERROR_FUNCTION_NOT_FOUND == EmulatedNvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    fields = {name for name, _ in pynvml.c_nvmlProcessUtilizationSample_t._fields_}
+    assert fields == {"pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil"}
+    newer = {name for name, _ in pynvml.c_nvmlProcessUtilizationInfo_v1_t._fields_}
+    assert {"pid", "timeStamp", "smUtil"} <= newer
+
+
+@dataclass
+class EmulatedGpu:
+    socket: Path
+    state: Path
+
+
+@pytest.fixture
+def emulated_gpu(tmp_path: Path) -> Iterator[EmulatedGpu]:
+    """The GPU emulator as the GPU behind Gemini: no shares of its own, two devices."""
+    state = tmp_path / "state"
+    process = subprocess.Popen(
+        [*_kuscale(), "gpu-emulator", "--state-dir", str(state), "--devices", "2", "--no-enforce"]
+    )
+    socket = state / "gpu.sock"
+    try:
+        wait_for(lambda: socket.exists() or process.poll() is not None, timeout=20, interval=0.05)
+        assert process.poll() is None, "the emulator exited"
+        yield EmulatedGpu(socket, state)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _kuscale() -> list[str]:
+    return [sys.executable, "-m", "kuscale"]
+
+
+def _start_client(
+    gpu: EmulatedGpu,
+    name: str,
+    device: int,
+    cgroups: CgroupV1 | CgroupV2,
+    cgroup: str,
+    gemini_port: int | None = None,
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KUSCALE_GPU_SOCKET": str(gpu.socket),
+        "KUSCALE_VGPU_ID": name,
+        "KUSCALE_GPU_DEVICE": str(device),
+        "POD_NAME": name,
+    }
+    if gemini_port is not None:
+        env["POD_MANAGER_PORT"] = str(gemini_port)
+    cgroups.create(cgroup)
+    command = [*_kuscale(), "workload", "--cpu", "0:0", "--gpu", "0:100", "--duration", "60"]
+    process = subprocess.Popen(command, env=env)
+    cgroups.attach(cgroup, process.pid)
+    return process
+
+
+def _share(read: object, seconds: float) -> float:
+    """Busy seconds per second of the client over a window, read through `read()`."""
+    assert callable(read)
+    before, started = read(), time.monotonic()
+    wait_for(lambda: time.monotonic() - started >= seconds, timeout=seconds + 5, interval=0.1)
+    after, elapsed = read(), time.monotonic() - started
+    return float((after - before) / 1e9 / elapsed)
+
+
+def _sampled(usage: NvmlUsage) -> bool:
+    """Polls once; True once a poll found samples (however it attributed them)."""
+    before = list(usage.last_seen)
+    usage.poll()
+    return usage.last_seen != before
+
+
+def test_nvml_over_the_emulator_measures_each_process_on_its_device(
+    tmp_path: Path,
+    emulated_gpu: EmulatedGpu,
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+) -> None:
+    cgroups, parent = real_cgroups
+    client = _start_client(emulated_gpu, "solo", 1, cgroups, f"{parent}/solo")
+    try:
+        usage = NvmlUsage(EmulatedNvml(emulated_gpu.socket), cgroups.mode)
+        assert usage.devices == 2
+
+        def busy(device: int) -> int:
+            usage.poll()
+            return usage.busy_ns(f"{parent}/solo", device)
+
+        wait_for(lambda: busy(1) > 0, timeout=20)
+        share = _share(lambda: busy(1), 3.0)
+        assert 0.6 < share < 1.15, f"a client alone on GPU 1 measured {share:.2f}"
+        assert busy(0) == 0
+        assert usage.busy_ns(f"{parent}/other", 1) == 0
+        gone = NvmlUsage(EmulatedNvml(emulated_gpu.socket), cgroups.mode, tmp_path / "no-proc")
+        wait_for(lambda: _sampled(gone), timeout=10)
+        assert gone.busy_ns(f"{parent}/solo", 1) == 0, "a pid without /proc entry is skipped"
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_an_unreachable_nvml_is_a_clear_error(tmp_path: Path) -> None:
+    nvml = EmulatedNvml(tmp_path / "no-such.sock")
+    with pytest.raises(BackendError, match="NVML"):
+        NvmlUsage(nvml, "cgroup-v1")
+
+
+@pytest.fixture
+def gemini_bin() -> Path:
+    """Gemini's gem-schd and gem-pmgr, built from its source with g++ (seconds)."""
+    if shutil.which("g++") is None or shutil.which("make") is None:
+        pytest.skip("g++ and make are missing: run `make test` as root, or apt-get install g++")
+    tool = Path(os.environ.get(BUILD_GEMINI_ENV, BUILD_GEMINI))
+    if not tool.exists():
+        pytest.skip(f"Gemini's build script is not at {tool} (set {BUILD_GEMINI_ENV})")
+    built = subprocess.run([str(tool)], capture_output=True, text=True, timeout=600, check=False)
+    if built.returncode == 3:
+        pytest.skip(built.stderr.strip())
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip())
+
+
+def test_real_gemini_holds_a_client_to_the_share_kuscale_writes(
+    gemini_bin: Path,
+    emulated_gpu: EmulatedGpu,
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+) -> None:
+    cgroups, parent = real_cgroups
+    runtime = GeminiRuntime(gemini_bin, emulated_gpu.state / "gemini" / "config", devices=2)
+    runtime.start()
+    client = None
+    try:
+        port = runtime.add_client("trainer", device=1, limit=50.0)
+        client = _start_client(emulated_gpu, "trainer", 1, cgroups, f"{parent}/trainer", port)
+        usage = NvmlUsage(EmulatedNvml(emulated_gpu.socket), cgroups.mode)
+        layer = GeminiLayer(runtime.config_dir, runtime.files(), usage)
+        layer.track("trainer", f"{parent}/trainer")
+        assert layer.device_of("trainer") == 1
+
+        def busy() -> int:
+            layer.commit()
+            return layer.read("trainer")
+
+        wait_for(lambda: busy() > 0, timeout=30)
+        shares = {}
+        for limit in (50.0, 20.0, 80.0):
+            layer.write_limit("trainer", limit)
+            layer.commit()
+            _share(busy, 2.0)  # Gemini's window is one second: let it pass
+            shares[limit] = _share(busy, 4.0)
+        assert shares[50.0] == pytest.approx(0.5, abs=0.12), shares
+        assert shares[20.0] == pytest.approx(0.2, abs=0.08), shares
+        assert shares[80.0] == pytest.approx(0.8, abs=0.15), shares
+        assert shares[20.0] < shares[50.0] < shares[80.0]
+    finally:
+        if client is not None:
+            client.kill()
+            client.wait()
+        runtime.stop()
+    assert runtime.processes and all(p.poll() is not None for p in runtime.processes)
