@@ -165,6 +165,8 @@ class Original:
     vgpu_id: str | None = None
     gpu_limit: float | None = None
     """The GPU share before kuscale (None: unlimited); meaningful only with `vgpu_id`."""
+    launched: bool = False
+    """Recorded by `kuscale launch` as it made the cgroup, before any agent saw the pod."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,6 +181,7 @@ def _encode(original: Original) -> dict[str, Any]:
         "shares": original.shares,
         "vgpu_id": original.vgpu_id,
         "gpu_limit": original.gpu_limit,
+        "launched": original.launched,
     }
 
 
@@ -213,6 +214,9 @@ def _decode(data: Any) -> Original:
         or not MIN_SHARES <= shares <= MAX_SHARES
     ):
         raise ValueError(f"shares {shares!r} outside [{MIN_SHARES}, {MAX_SHARES}]")
+    launched = data.get("launched", False)
+    if not isinstance(launched, bool):
+        raise ValueError(f"launched {launched!r} is not true or false")
     vgpu_id = data["vgpu_id"]
     if vgpu_id is not None:
         try:
@@ -227,6 +231,7 @@ def _decode(data: Any) -> Original:
         shares=shares,
         vgpu_id=vgpu_id,
         gpu_limit=_limit(data["gpu_limit"]),
+        launched=launched,
     )
 
 

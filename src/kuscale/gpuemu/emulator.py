@@ -234,6 +234,10 @@ class GpuEmulator:
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The emulator is stopping with this client connected: end quietly, since
+            # asyncio logs a connection task that ends cancelled as an error.
+            return
         finally:
             writer.close()
 

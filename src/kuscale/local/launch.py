@@ -71,6 +71,7 @@ def born_within_budget(state: StateDir, cgroups: CgroupV1 | CgroupV2, spec: PodS
             cgroup=spec.cgroup,
             held=Held(cgroups.read_limit(spec.cgroup)),
             shares=cgroups.read_shares(spec.cgroup),
+            launched=True,
         )
     )
     quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
