@@ -302,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", type=Path, dest="json_path")
     demo.add_argument("--plot", type=Path, dest="plot_path")
     demo.add_argument("--simulate", action="store_true", help="use a simulated node")
+    demo.add_argument(
+        "--gpu-layer",
+        choices=("emulator", "gemini"),
+        default="emulator",
+        help="who holds the GPU pod to its share: the emulator itself, or the real Gemini",
+    )
+    demo.add_argument(
+        "--gemini-bin", type=Path, help="where gem-schd and gem-pmgr are (for --gpu-layer gemini)"
+    )
     _add_agent_options(demo)
 
     top = sub.add_parser("top", help="a live view of every pod")
@@ -551,10 +560,24 @@ def report_console() -> Console:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from kuscale.demo import run_demo
+    from kuscale.local.gemini import GeminiRuntimeError
 
+    if (args.gpu_layer == "gemini") != (args.gemini_bin is not None):
+        raise CliError("--gpu-layer gemini and --gemini-bin DIR go together")
     config = _config(args, period=args.period or 0.5)
     console = report_console()
-    run_demo(config, args.duration, args.json_path, args.plot_path, args.simulate, console)
+    try:
+        run_demo(
+            config,
+            args.duration,
+            args.json_path,
+            args.plot_path,
+            args.simulate,
+            console,
+            args.gemini_bin,
+        )
+    except (GeminiRuntimeError, RuntimeError) as err:
+        raise CliError(str(err)) from None
     return 0
 
 

@@ -135,8 +135,11 @@ class PolicyConfig:
 
 
 POLICY_NAMES = ("kuscale", "kuscale-2022", "static", "vpa", "autothrottle")
-GPU_LAYERS = ("none", "vgpu")
+GPU_LAYERS = ("none", "vgpu", "gemini")
+GEMINI_REQUESTS = ("minimum", "keep")
+GPU_USAGE_SOURCES = ("nvml", "emulator")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.:@+-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,12 @@ class GpuLayerConfig:
     (a host path, which the agent sees at the same path), mounted at `container_dir`; with
     `hook_library` (Gemini's `libgemhook.so.1` on the host) it is preloaded into the
     container and named to Gemini by its vGPU id; `pod_manager` is Gemini's pod manager.
+
+    With `gemini`, kuscale rewrites Gemini's per-GPU resource files in `gemini_dir` (one
+    per GPU, named by `gemini_files`: KubeShare names them by GPU UUID; default `0`, `1`,
+    ...), writing REQUEST as the pod's GPU minimum (`gemini_request = "minimum"`) or
+    leaving it (`"keep"`), and reads use from NVML (`usage = "nvml"`, the `nvml` extra) or
+    from the local GPU emulator (`"emulator"`).
     """
 
     kind: str = "none"
@@ -158,14 +167,38 @@ class GpuLayerConfig:
     """HOST:PORT, given to the hook as POD_MANAGER_IP and POD_MANAGER_PORT."""
     env: dict[str, str] = field(default_factory=dict)
     """More environment for every container given tokens."""
+    gemini_dir: str = "/kubeshare/scheduler/config"
+    gemini_files: list[str] = field(default_factory=list)
+    gemini_request: str = "minimum"
+    gemini_memory: int = 4 << 30
+    """GPU_MEM, bytes, for a client the device plugin places (Gemini needs a restart to
+    change it, so kuscale never does)."""
+    usage: str = "nvml"
 
     def validate(self) -> GpuLayerConfig:
         if self.kind not in GPU_LAYERS:
             raise ConfigError(f"gpu_layer.kind {self.kind!r} is not one of {', '.join(GPU_LAYERS)}")
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ConfigError(f"gpu_layer.gpus must be a positive integer, got {self.gpus!r}")
-        for key in ("root", "container_dir", "hook_library"):
+        for key in ("root", "container_dir", "hook_library", "gemini_dir"):
             _require_path(f"gpu_layer.{key}", getattr(self, key), optional=key == "hook_library")
+        files = self.gemini_files
+        if not isinstance(files, list) or not all(
+            _FILE_NAME.fullmatch(str(f)) and str(f) not in (".", "..") for f in files
+        ):
+            raise ConfigError(f"gpu_layer.gemini_files must be a list of file names, got {files!r}")
+        memory = self.gemini_memory
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+            raise ConfigError(f"gpu_layer.gemini_memory must be bytes (>= 0), got {memory!r}")
+        if self.gemini_request not in GEMINI_REQUESTS:
+            raise ConfigError(
+                f"gpu_layer.gemini_request must be one of {', '.join(GEMINI_REQUESTS)}, "
+                f"got {self.gemini_request!r}"
+            )
+        if self.usage not in GPU_USAGE_SOURCES:
+            raise ConfigError(
+                f"gpu_layer.usage must be one of {', '.join(GPU_USAGE_SOURCES)}, got {self.usage!r}"
+            )
         self.pod_manager_address()
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str)
@@ -173,6 +206,10 @@ class GpuLayerConfig:
         ):
             raise ConfigError("gpu_layer.env must map variable names to strings")
         return self
+
+    def files(self) -> list[str]:
+        """Gemini's file per GPU: as configured, or `0` .. `gpus - 1`."""
+        return [str(f) for f in self.gemini_files] or [str(d) for d in range(self.gpus)]
 
     def pod_manager_address(self) -> tuple[str, int] | None:
         if not self.pod_manager:

@@ -29,10 +29,15 @@ from rich.table import Table
 
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.backends.gemini import GeminiLayer
+from kuscale.backends.nvml import NvmlUsage
 from kuscale.config import AgentConfig
+from kuscale.gpuemu.gemini import POD_MANAGER_PORT_ENV, POD_NAME_ENV
+from kuscale.gpuemu.nvml import EmulatedNvml
 from kuscale.local.agent import LocalAgent
+from kuscale.local.gemini import GeminiRuntime
 from kuscale.local.statedir import StateDir
-from kuscale.model import PodSpec
+from kuscale.model import PodSpec, Resource
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.plotting import plot_timeline
 from kuscale.sim.node import SimCpu, SimGpu, SimNode, SimPod
@@ -239,10 +244,10 @@ def cgroups_writable() -> CgroupV1 | CgroupV2 | None:
 
 
 @contextlib.contextmanager
-def _gpu_emulator(state: StateDir) -> Iterator[None]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kuscale", "gpu-emulator", "--state-dir", str(state.path)]
-    )
+def _gpu_emulator(state: StateDir, enforce: bool) -> Iterator[None]:
+    """The emulated GPU: enforcing each vGPU's share itself, or (behind Gemini) only the GPU."""
+    command = [sys.executable, "-m", "kuscale", "gpu-emulator", "--state-dir", str(state.path)]
+    process = subprocess.Popen(command if enforce else [*command, "--no-enforce"])
     try:
         deadline = time.monotonic() + 15
         while not state.gpu_socket.exists():
@@ -256,7 +261,12 @@ def _gpu_emulator(state: StateDir) -> Iterator[None]:
 
 
 def _launch(
-    state: StateDir, parent: str, workload: DemoWorkload, duration: float, start_at: float
+    state: StateDir,
+    parent: str,
+    workload: DemoWorkload,
+    duration: float,
+    start_at: float,
+    env: dict[str, str],
 ) -> subprocess.Popen[bytes]:
     cpu, gpu = workload.schedules(duration)
     command = [
@@ -290,25 +300,39 @@ def _launch(
     ]
     if gpu is not None:
         command += ["--gpu", gpu.format()]
-    return subprocess.Popen(command)
+    return subprocess.Popen(command, env={**os.environ, **env})
 
 
 def run_on_cgroups(
-    cgroups: CgroupV1 | CgroupV2, config: AgentConfig, duration: float, console: Console
+    cgroups: CgroupV1 | CgroupV2,
+    config: AgentConfig,
+    duration: float,
+    console: Console,
+    gemini_bin: Path | None = None,
 ) -> Recorder:
+    """The agent and the workloads on real cgroups; the GPU pod behind the emulator's own
+    shares, or behind the real Gemini from `gemini_bin` with use read through NVML."""
     start_at = time.monotonic() + STARTUP_SECONDS
     recorder = Recorder(DEMO_WORKLOADS, duration, clock=lambda: time.monotonic() - start_at)
     state_path = Path(tempfile.mkdtemp(prefix="kuscale-demo-"))
     state = StateDir(state_path).ensure()
     parent = f"kuscale-demo-{os.getpid()}"
-    agent = LocalAgent(state, config, gpus=1, cgroups=cgroups, listeners=[recorder])
+    gemini = None
+    if gemini_bin is not None:
+        window_ms = config.period * 1000.0
+        gemini = GeminiRuntime(gemini_bin, state_path / "gemini" / "config", 1, window_ms)
+    agent: LocalAgent | None = None
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        with _gpu_emulator(state):
+        with _gpu_emulator(state, enforce=gemini is None):
+            envs = _start_gemini(gemini) if gemini is not None else {}
+            gpu = _gemini_layer(gemini, state, cgroups, config) if gemini is not None else None
+            agent = LocalAgent(state, config, cgroups=cgroups, listeners=[recorder], gpu=gpu)
             agent.start()
             for workload in DEMO_WORKLOADS:
                 recorder.starts[workload.name] = 0.0
-                processes.append(_launch(state, parent, workload, duration, start_at))
+                env = envs.get(workload.name, {})
+                processes.append(_launch(state, parent, workload, duration, start_at, env))
             with Live(console=console, refresh_per_second=4, transient=False) as live:
                 while any(p.poll() is None for p in processes):
                     live.update(status_table(recorder.latest) if recorder.latest else "starting")
@@ -321,11 +345,34 @@ def run_on_cgroups(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        agent.stop()
+        if agent is not None:
+            agent.stop()
+        if gemini is not None:
+            gemini.stop()
         with contextlib.suppress(BackendError):
             cgroups.remove(parent)
         shutil.rmtree(state_path, ignore_errors=True)
     return recorder
+
+
+def _start_gemini(gemini: GeminiRuntime) -> dict[str, dict[str, str]]:
+    """Gemini's scheduler, and a pod manager per GPU workload with the whole GPU until the
+    agent adopts it; the variables Gemini's hook would read, per workload."""
+    gemini.start()
+    envs = {}
+    for workload in DEMO_WORKLOADS:
+        if workload.gpu is not None:
+            port = gemini.add_client(workload.name, device=0, limit=100.0)
+            envs[workload.name] = {POD_NAME_ENV: workload.name, POD_MANAGER_PORT_ENV: str(port)}
+    return envs
+
+
+def _gemini_layer(
+    gemini: GeminiRuntime, state: StateDir, cgroups: CgroupV1 | CgroupV2, config: AgentConfig
+) -> GeminiLayer:
+    usage = NvmlUsage(EmulatedNvml(state.gpu_socket), cgroups.mode)
+    minimum = float(config.policy_config.minimums()[Resource.GPU])
+    return GeminiLayer(gemini.config_dir, gemini.files(), usage, request=minimum)
 
 
 def run_simulated(config: AgentConfig, duration: float) -> Recorder:
@@ -358,8 +405,11 @@ def run_demo(
     plot_path: Path | None,
     simulate: bool,
     console: Console,
+    gemini_bin: Path | None = None,
 ) -> dict[str, Any]:
     cgroups = None if simulate else cgroups_writable()
+    if gemini_bin is not None and cgroups is None:
+        raise RuntimeError("--gpu-layer gemini runs Gemini's programs: it needs real cgroups")
     if cgroups is None:
         if not simulate:
             console.print(
@@ -371,7 +421,7 @@ def run_demo(
         console.print(status_table(recorder.latest, title="simulated node, last tick"))
     else:
         mode = cgroups.mode
-        recorder = run_on_cgroups(cgroups, config, duration, console)
+        recorder = run_on_cgroups(cgroups, config, duration, console, gemini_bin)
     summary = summarise(recorder.rows)
     console.print(summary_table(summary, mode))
     idle = idle_while_starved(recorder.rows, recorder.latest.get("capacity", {}))
@@ -381,6 +431,7 @@ def run_demo(
     )
     result = {
         "mode": mode,
+        "gpu_mode": recorder.latest.get("gpu_mode"),
         "policy": config.policy,
         "period": config.period,
         "duration": duration,

@@ -328,15 +328,24 @@ class Monitor:
             return current
         recorded = self.originals.get(spec.key)
         if recorded is not None and (recorded.cgroup, recorded.uid) == (spec.cgroup, spec.uid):
-            self._pod_event(
-                spec,
-                logging.WARNING,
-                "adopted_recorded",
-                "pod %s was left by an agent that stopped without giving it back: adopted "
-                "with the originals it recorded; its token queue starts afresh",
-            )
+            if recorded.launched:
+                self._pod_event(
+                    spec,
+                    logging.INFO,
+                    "adopted_launched",
+                    "pod %s adopted with what `kuscale launch` recorded as it made the cgroup",
+                )
+            else:
+                self._pod_event(
+                    spec,
+                    logging.WARNING,
+                    "adopted_recorded",
+                    "pod %s was left by an agent that stopped without giving it back: "
+                    "adopted with the originals it recorded; its token queue starts afresh",
+                )
             return replace(
                 recorded,
+                launched=False,
                 held=self._declared_wins(spec, recorded.held),
                 shares=current.shares if recorded.shares is None else recorded.shares,
                 vgpu_id=current.vgpu_id if recorded.vgpu_id is None else recorded.vgpu_id,
@@ -681,6 +690,9 @@ class Monitor:
         charged = limit
         if resource is Resource.CPU and pod.held is not None:
             charged = self.actuator.quantize(pod.held, limit)
+        elif self.gpu is not None and pod.spec.vgpu_id is not None:
+            held = state.limit if state.changed else None
+            charged = limit = self.gpu.quantize(pod.spec.vgpu_id, limit, held)
         if state.changed and 0.0 <= charged - state.limit < WRITE_RESOLUTION:
             return
         try:

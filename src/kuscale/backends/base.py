@@ -108,6 +108,11 @@ class GpuBackend(Protocol):
         """The cgroup whose processes are the client, for layers that measure use by process."""
         ...
 
+    def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
+        """The share the client will hold when asked for `limit` while holding `held` (None:
+        nothing set yet): never more than `limit`, so a budget is never overspent."""
+        ...
+
     def exists(self, vgpu_id: str) -> bool: ...
 
     def read(self, vgpu_id: str) -> int:

@@ -29,6 +29,8 @@ log = logging.getLogger("kuscale.gemini")
 MAX_CLIENT_NAME = 62
 """Gemini's IDs are ASCII names under 63 characters (its README)."""
 KEEP_REQUEST = -1.0
+DEFAULT_STEP = 5.0
+"""Points a share must rise by before Gemini's file is rewritten for it."""
 
 
 class GpuUsage(Protocol):
@@ -133,12 +135,14 @@ class GeminiLayer:
         files: Sequence[str],
         usage: GpuUsage | None,
         request: float = KEEP_REQUEST,
+        step: float = DEFAULT_STEP,
     ) -> None:
         if not files:
             raise BackendError("Gemini needs at least one GPU configuration file")
         self.paths = [confine(config_dir, name) for name in files]
         self.usage = usage
         self.request = request
+        self.step = step
         self._cgroups: dict[str, str] = {}
         self._staged: dict[str, float | None] = {}
         self._removed: set[str] = set()
@@ -192,6 +196,17 @@ class GeminiLayer:
             self._polled = True
         return self.usage.busy_ns(cgroup, self.device_of(vgpu_id))
 
+    def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
+        """Whole percents, and a rise under `step` points leaves what the client holds.
+
+        Every rewrite makes gem-schd reload the file and remake every client's state, and a
+        client's grants stall while it does (seen here: a rewrite each half-second tick
+        left a client wanting 65 % of the GPU with 1 %). So a LIMIT changes only when the
+        share falls (at once: the budget pays for no more) or rises by `step` or more."""
+        if held is not None and held <= limit < held + self.step:
+            return held
+        return max(math.floor(limit), min(limit, 1.0))
+
     def read_limit(self, vgpu_id: str) -> float | None:
         return self._find(vgpu_id)[1].limit * 100.0
 
@@ -240,7 +255,26 @@ class GeminiLayer:
         if entries and text != render_config(entries):
             rewrite_in_place(path, text)
 
+    def place(self, client: str, memory: int) -> int:
+        """Put a new client on the device with the fewest clients, with the whole GPU (LIMIT
+        1) until the agent adopts it; a stale line of the same name goes first. Its device."""
+        validate_client_name(client)
+        listed = [self._entries(device) for device in range(len(self.paths))]
+        for device, entries in enumerate(listed):
+            kept = [e for e in entries if not (isinstance(e, ClientLine) and e.name == client)]
+            if len(kept) != len(entries):
+                rewrite_in_place(self.paths[device], render_config(kept))
+                listed[device] = kept
+        device = min(range(len(listed)), key=lambda d: (_clients(listed[d]), d))
+        line = ClientLine(client, 0.0, 1.0, memory)
+        rewrite_in_place(self.paths[device], render_config([*listed[device], line]))
+        return device
+
     def _updated(self, entry: ClientLine, limit: float | None) -> ClientLine:
         fraction = 1.0 if limit is None else limit / 100.0
         request = entry.request if self.request == KEEP_REQUEST else self.request / 100.0
         return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)
+
+
+def _clients(entries: Sequence[Entry]) -> int:
+    return sum(isinstance(entry, ClientLine) for entry in entries)

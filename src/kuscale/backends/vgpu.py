@@ -54,6 +54,10 @@ class VgpuLayer:
     def track(self, vgpu_id: str, cgroup: str) -> None:
         """The module accounts busy time per vGPU itself."""
 
+    def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
+        """The module takes per-mille: within a twentieth of a point of `limit`."""
+        return limit
+
     def _dir(self, vgpu_id: str) -> Path:
         try:
             validate_vgpu_id(vgpu_id)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
+from kuscale.backends.base import GpuBackend
+from kuscale.backends.gemini import GeminiLayer
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
-from kuscale.gpuemu.client import VGPU_ENV
+from kuscale.gpuemu.client import GPU_DEVICE_ENV, VGPU_ENV
 
 TOKEN_PREFIX = "token-"
 HOOK_CLIENT_ENV = "POD_NAME"
@@ -41,6 +44,10 @@ def vgpu_id_for(tokens: Iterable[str]) -> str:
     return f"kuscale-{lowest.removeprefix(TOKEN_PREFIX)}"
 
 
+class Allocator(Protocol):
+    def allocate(self, tokens: list[str]) -> api.ContainerAllocateResponse: ...
+
+
 class VgpuAllocator:
     def __init__(self, config: GpuLayerConfig, layer: VgpuLayer) -> None:
         self.config = config
@@ -61,17 +68,50 @@ class VgpuAllocator:
                 read_only=False,
             )
         ]
-        if config.hook_library:
-            envs[PRELOAD_ENV] = config.hook_library
-            envs[HOOK_CLIENT_ENV] = vgpu_id
-            mounts.append(
-                api.Mount(
-                    container_path=config.hook_library,
-                    host_path=config.hook_library,
-                    read_only=True,
-                )
+        return hook_answer(config, vgpu_id, envs, mounts)
+
+
+class GeminiAllocator:
+    """Places the container's Gemini client on the GPU with the fewest clients (its line in
+    that GPU's file, the whole GPU until the agent adopts the pod) and tells the hook its
+    name and pod manager. Gemini's pod manager per client is run as KubeShare runs it."""
+
+    def __init__(self, config: GpuLayerConfig, layer: GeminiLayer) -> None:
+        self.config = config
+        self.layer = layer
+
+    def allocate(self, tokens: list[str]) -> api.ContainerAllocateResponse:
+        client = vgpu_id_for(tokens)
+        device = self.layer.place(client, self.config.gemini_memory)
+        return hook_answer(self.config, client, {GPU_DEVICE_ENV: str(device)}, [])
+
+
+def hook_answer(
+    config: GpuLayerConfig, client: str, envs: dict[str, str], mounts: list[api.Mount]
+) -> api.ContainerAllocateResponse:
+    """What Gemini's hook reads: the client's name (POD_NAME), the library preloaded from
+    the host, and its pod manager; then the configured environment."""
+    if config.hook_library:
+        envs[PRELOAD_ENV] = config.hook_library
+        envs[HOOK_CLIENT_ENV] = client
+        mounts.append(
+            api.Mount(
+                container_path=config.hook_library,
+                host_path=config.hook_library,
+                read_only=True,
             )
-        address = config.pod_manager_address()
-        if address is not None:
-            envs[POD_MANAGER_IP_ENV], envs[POD_MANAGER_PORT_ENV] = address[0], str(address[1])
-        return api.ContainerAllocateResponse(envs={**config.env, **envs}, mounts=mounts)
+        )
+    if config.kind == "gemini":
+        envs[HOOK_CLIENT_ENV] = client
+    address = config.pod_manager_address()
+    if address is not None:
+        envs[POD_MANAGER_IP_ENV], envs[POD_MANAGER_PORT_ENV] = address[0], str(address[1])
+    return api.ContainerAllocateResponse(envs={**config.env, **envs}, mounts=mounts)
+
+
+def allocator_for(config: GpuLayerConfig, gpu: GpuBackend | None) -> Allocator | None:
+    if isinstance(gpu, VgpuLayer):
+        return VgpuAllocator(config, gpu)
+    if isinstance(gpu, GeminiLayer):
+        return GeminiAllocator(config, gpu)
+    return None

@@ -21,7 +21,7 @@ import grpc
 from kuscale.backends.base import BackendError
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin import api_pb2_grpc as rpc
-from kuscale.deviceplugin.gpulayer import VgpuAllocator, token_id
+from kuscale.deviceplugin.gpulayer import Allocator, token_id
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class TokenPlugin(rpc.DevicePluginServicer):
         self,
         tokens: int,
         on_allocate: Allocated | None = None,
-        gpu: VgpuAllocator | None = None,
+        gpu: Allocator | None = None,
     ) -> None:
         if tokens <= 0:
             raise ValueError(f"a node must advertise at least one token, got {tokens}")

@@ -21,9 +21,9 @@ from kubernetes import client
 from kuscale.actuators.resize import ResizeActuator
 from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
-from kuscale.backends.vgpu import VgpuLayer
+from kuscale.backends.layers import gpu_backend
 from kuscale.config import AgentConfig
-from kuscale.deviceplugin.gpulayer import VgpuAllocator
+from kuscale.deviceplugin.gpulayer import allocator_for
 from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.kubernetes.apiserver import NodePods
@@ -57,11 +57,10 @@ class KubernetesAgent(AgentLoop):
     ) -> None:
         self.cgroups = cgroups or detect()
         self.listeners = list(listeners)
-        layer = config.gpu_layer
-        vgpus = VgpuLayer(Path(layer.root), layer.gpus) if layer.kind == "vgpu" else None
+        gpu = gpu_backend(config, self.cgroups.mode)
         self.monitor = Monitor(
             self.cgroups,
-            vgpus,
+            gpu,
             config,
             on_tick=self._on_tick,
             actuator=ResizeActuator(core) if resize else None,
@@ -73,14 +72,14 @@ class KubernetesAgent(AgentLoop):
             self.monitor.submit,
             interval=config.period,
             pod_resources_socket=kubelet.pod_resources,
-            vgpus=vgpus is not None,
+            vgpus=gpu is not None,
         )
         self.plugin = None
         if tokens:
             plugin = TokenPlugin(
                 tokens,
                 on_allocate=lambda _ids: self.discovery.wake(),
-                gpu=VgpuAllocator(layer, vgpus) if vgpus is not None else None,
+                gpu=allocator_for(config.gpu_layer, gpu),
             )
             self.plugin = DevicePluginServer(plugin, kubelet.device_plugins)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kuscale.agentloop import AgentLoop
+from kuscale.backends.base import GpuBackend
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig
@@ -32,10 +33,14 @@ class LocalAgent(AgentLoop):
         cgroups: CgroupV1 | CgroupV2 | None = None,
         listeners: Sequence[Callable[[dict[str, Any]], None]] = (),
         originals: OriginalsRecord | None = None,
+        gpu: GpuBackend | None = None,
     ) -> None:
+        """`gpu` overrides the vGPU layer of `gpus` GPUs under `gpu_root` (the state dir's
+        by default), for another GPU layer such as Gemini."""
         self.state = state.ensure()
         self.cgroups = cgroups or detect()
-        gpu = VgpuLayer(gpu_root or state.vgpu, gpus) if gpus > 0 else None
+        if gpu is None and gpus > 0:
+            gpu = VgpuLayer(gpu_root or state.vgpu, gpus)
         self.listeners = list(listeners)
         self.monitor = Monitor(
             self.cgroups,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -30,6 +31,7 @@ from kuscale.backends.gemini import (
 SCHEDULER = "gem-schd"
 POD_MANAGER = "gem-pmgr"
 STARTUP_SECONDS = 15.0
+REALTIME_PRIORITY = "10"
 
 
 class GeminiRuntimeError(Exception):
@@ -127,6 +129,15 @@ class GeminiRuntime:
         return self.config_dir.parent / f"{name}.log"
 
     def _spawn(self, command: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Started under SCHED_FIFO where root may (util-linux `chrt`): Gemini's pod manager
+        queues a client's request, then waits for the answer without first looking whether it
+        came (`hook_kernel_launch` in `src/pod-manager.cpp`), so a pod manager preempted in
+        between sleeps through the answer and its client waits forever. Seen here: on a CPU
+        busy with the demo's workloads, a client stalled within a few seconds; run ahead of
+        the workloads, it did not."""
+        chrt = shutil.which("chrt")
+        if chrt is not None and os.geteuid() == 0:
+            command = [chrt, "--fifo", REALTIME_PRIORITY, *command]
         with self._log(log).open("wb") as out:
             process = subprocess.Popen(
                 command,

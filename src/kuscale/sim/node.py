@@ -252,6 +252,10 @@ class SimGpu:
     def track(self, vgpu_id: str, cgroup: str) -> None:
         """A simulated pod's GPU use is its own row's."""
 
+    def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
+        """A simulated GPU holds any share exactly."""
+        return limit
+
     def exists(self, vgpu_id: str) -> bool:
         return self.node.present(vgpu_id)
 

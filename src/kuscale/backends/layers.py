@@ -1,0 +1,34 @@
+"""The GPU backend a configuration names: the original's vGPU module, or Gemini measured
+through NVML (a GPU node's driver, or the GPU emulator's NVML view in local mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kuscale.backends.base import BackendError, GpuBackend
+from kuscale.backends.gemini import KEEP_REQUEST, GeminiLayer
+from kuscale.backends.nvml import NvmlUsage, load_pynvml
+from kuscale.backends.vgpu import VgpuLayer
+from kuscale.config import AgentConfig
+from kuscale.gpuemu.nvml import EmulatedNvml
+from kuscale.model import Resource
+
+
+def gpu_backend(
+    config: AgentConfig, cgroup_mode: str, emulator_socket: Path | None = None
+) -> GpuBackend | None:
+    layer = config.gpu_layer
+    if layer.kind == "vgpu":
+        return VgpuLayer(Path(layer.root), layer.gpus)
+    if layer.kind != "gemini":
+        return None
+    if layer.usage == "emulator":
+        if emulator_socket is None:
+            raise BackendError("gpu_layer.usage = 'emulator' needs the GPU emulator's socket")
+        nvml = EmulatedNvml(emulator_socket)
+    else:
+        nvml = load_pynvml()
+    request = KEEP_REQUEST
+    if layer.gemini_request == "minimum":
+        request = float(config.policy_config.minimums()[Resource.GPU])
+    return GeminiLayer(Path(layer.gemini_dir), layer.files(), NvmlUsage(nvml, cgroup_mode), request)
