@@ -4,6 +4,7 @@ them, and trees shaped like the kernel's files."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +82,26 @@ def _kill_procs(directory: Path) -> None:
         if not (directory / "cgroup.procs").read_text().strip():
             return
         time.sleep(0.01)
+
+
+BUILD_GEMINI_ENV = "KUSCALE_BUILD_GEMINI"
+BUILD_GEMINI = Path(__file__).resolve().parents[2] / "shared" / "tools" / "build-gemini"
+"""Gemini's build script, beside this checkout (its code never enters the project)."""
+
+
+@pytest.fixture
+def gemini_bin() -> Path:
+    """Gemini's gem-schd and gem-pmgr, built from its source with g++ (seconds)."""
+    if shutil.which("g++") is None or shutil.which("make") is None:
+        pytest.skip("g++ and make are missing: run `make test` as root, or apt-get install g++")
+    tool = Path(os.environ.get(BUILD_GEMINI_ENV, BUILD_GEMINI))
+    if not tool.exists():
+        pytest.skip(f"Gemini's build script is not at {tool} (set {BUILD_GEMINI_ENV})")
+    built = subprocess.run([str(tool)], capture_output=True, text=True, timeout=600, check=False)
+    if built.returncode == 3:
+        pytest.skip(built.stderr.strip())
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip())
 
 
 KUSCALE = [sys.executable, "-m", "kuscale"]

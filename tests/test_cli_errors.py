@@ -103,6 +103,12 @@ def test_a_garbled_status_file_is_an_error_not_a_traceback(tmp_path: Path) -> No
         ('[gpu_layer]\npod_manager = "host:99999"\n', "gpu_layer.pod_manager"),
         ('[gpu_layer]\nenv = { "BAD-NAME" = "x" }\n', "gpu_layer.env"),
         ("[gpu_layer]\nenv = { A = 1 }\n", "gpu_layer.env"),
+        ('[gpu_layer]\ngemini_request = "all"\n', "gpu_layer.gemini_request"),
+        ('[gpu_layer]\nusage = "dcgm"\n', "gpu_layer.usage"),
+        ('[gpu_layer]\ngemini_files = ["..", "GPU-1"]\n', "gpu_layer.gemini_files"),
+        ('[gpu_layer]\ngemini_files = ["a/b"]\n', "gpu_layer.gemini_files"),
+        ("[gpu_layer]\ngemini_memory = -1\n", "gpu_layer.gemini_memory"),
+        ('[gpu_layer]\ngemini_dir = "kubeshare"\n', "gpu_layer.gemini_dir"),
     ],
 )
 def test_bad_config_files_are_refused_at_start(

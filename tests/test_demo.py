@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 from pathlib import Path
 
+from conftest import KUSCALE
 from rich.console import Console
 
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.config import AgentConfig
 from kuscale.demo import DEMO_WORKLOADS, run_demo, summarise
 
@@ -66,3 +71,33 @@ def test_summary_arithmetic() -> None:
     assert entry["cpu"]["slack_fraction"] == 100.0 / 190.0
     assert entry["cpu"]["throttled_tick_fraction"] == 0.5
     assert entry["budget_overspend_fraction"] == 50.0 / 200.0
+
+
+def gemini_processes(gemini_bin: Path) -> list[int]:
+    """Processes running a program from the Gemini build (whatever started them)."""
+    running = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(proc / "exe")).parent == gemini_bin:
+                running.append(int(proc.name))
+    return running
+
+
+def test_the_demo_runs_its_gpu_pod_under_the_real_gemini(
+    tmp_path: Path, gemini_bin: Path, real_cgroups: tuple[CgroupV1 | CgroupV2, str]
+) -> None:
+    """`kuscale demo --gpu-layer gemini`: Gemini's own scheduler and pod manager hold the
+    trainer to the limits kuscale writes; use read through NVML over the emulated GPU."""
+    json_path = tmp_path / "summary.json"
+    command = [*KUSCALE, "demo", "--gpu-layer", "gemini", "--gemini-bin", str(gemini_bin)]
+    command += ["--duration", "20", "--json", str(json_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(json_path.read_text())
+    assert result["gpu_mode"] == "gemini"
+    trainer = result["pods"]["trainer"]
+    gpu = trainer["gpu"]
+    assert gpu["mean_usage"] <= gpu["mean_limit"] + 5.0
+    assert gpu["mean_usage"] > 0.4 * gpu["mean_demand"], gpu
+    assert trainer["budget_overspend_fraction"] == 0.0
+    assert not gemini_processes(gemini_bin), "Gemini's programs outlived the demo"

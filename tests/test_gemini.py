@@ -5,7 +5,6 @@ programs) holding an emulated client to the share kuscale writes, measured throu
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -26,7 +25,10 @@ from kuscale.backends.gemini import (
     render_config,
     validate_client_name,
 )
+from kuscale.backends.layers import gpu_backend
 from kuscale.backends.nvml import NvmlUsage
+from kuscale.config import AgentConfig, GpuLayerConfig
+from kuscale.deviceplugin.gpulayer import GeminiAllocator, allocator_for
 from kuscale.gpuemu.gemini import (
     MAX_NAME_BYTES,
     REQUEST_BYTES,
@@ -36,9 +38,6 @@ from kuscale.gpuemu.gemini import (
 )
 from kuscale.gpuemu.nvml import EmulatedNvml
 from kuscale.local.gemini import GeminiRuntime
-
-BUILD_GEMINI_ENV = "KUSCALE_BUILD_GEMINI"
-BUILD_GEMINI = Path(__file__).resolve().parents[2] / "shared" / "tools" / "build-gemini"
 
 CONFIG = "3\nweb 0.1 0.5 1000\nsome garbage line\nother 0 1 2048\n"
 
@@ -264,21 +263,6 @@ def test_an_unreachable_nvml_is_a_clear_error(tmp_path: Path) -> None:
         NvmlUsage(nvml, "cgroup-v1")
 
 
-@pytest.fixture
-def gemini_bin() -> Path:
-    """Gemini's gem-schd and gem-pmgr, built from its source with g++ (seconds)."""
-    if shutil.which("g++") is None or shutil.which("make") is None:
-        pytest.skip("g++ and make are missing: run `make test` as root, or apt-get install g++")
-    tool = Path(os.environ.get(BUILD_GEMINI_ENV, BUILD_GEMINI))
-    if not tool.exists():
-        pytest.skip(f"Gemini's build script is not at {tool} (set {BUILD_GEMINI_ENV})")
-    built = subprocess.run([str(tool)], capture_output=True, text=True, timeout=600, check=False)
-    if built.returncode == 3:
-        pytest.skip(built.stderr.strip())
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
-
-
 def test_real_gemini_holds_a_client_to_the_share_kuscale_writes(
     gemini_bin: Path,
     emulated_gpu: EmulatedGpu,
@@ -317,3 +301,51 @@ def test_real_gemini_holds_a_client_to_the_share_kuscale_writes(
             client.wait()
         runtime.stop()
     assert runtime.processes and all(p.poll() is not None for p in runtime.processes)
+
+
+def test_a_share_changes_in_whole_points_and_rises_only_by_a_step(tmp_path: Path) -> None:
+    """Every rewrite makes gem-schd reload; the held share never exceeds what was asked."""
+    layer = GeminiLayer(config_dir(tmp_path), ["0"], None, step=5.0)
+    assert layer.quantize("web", 33.7, None) == 33.0
+    assert layer.quantize("web", 36.9, 33.0) == 33.0
+    assert layer.quantize("web", 38.2, 33.0) == 38.0
+    assert layer.quantize("web", 20.5, 33.0) == 20.0
+    assert layer.quantize("web", 0.4, None) == pytest.approx(0.4)
+
+
+def test_allocate_places_a_client_on_the_emptiest_gpu_and_names_it_to_the_hook(
+    tmp_path: Path,
+) -> None:
+    directory = config_dir(tmp_path, devices=2)
+    config = GpuLayerConfig(
+        kind="gemini",
+        gpus=2,
+        gemini_dir=str(directory),
+        pod_manager="127.0.0.1:50052",
+        hook_library="/usr/local/lib/libgemhook.so.1",
+    ).validate()
+    layer = GeminiLayer(directory, config.files(), None)
+    allocator = allocator_for(config, layer)
+    assert isinstance(allocator, GeminiAllocator)
+    answer = allocator.allocate(["token-3", "token-4"])
+    assert answer.envs["POD_NAME"] == "kuscale-3"
+    assert answer.envs["KUSCALE_GPU_DEVICE"] == "1"
+    assert answer.envs["LD_PRELOAD"] == "/usr/local/lib/libgemhook.so.1"
+    assert answer.envs["POD_MANAGER_PORT"] == "50052"
+    assert (directory / "1").read_text() == f"1\nkuscale-3 0 1 {config.gemini_memory}\n"
+    allocator.allocate(["token-3"])
+    assert layer.device_of("kuscale-3") == 1
+    assert (directory / "1").read_text().count("kuscale-3") == 1, "a stale line is replaced"
+
+
+def test_the_configured_gemini_layer_says_what_is_missing(tmp_path: Path) -> None:
+    config = AgentConfig(
+        gpu_layer=GpuLayerConfig(kind="gemini", gemini_dir=str(tmp_path), usage="emulator")
+    )
+    with pytest.raises(BackendError, match="emulator's socket"):
+        gpu_backend(config, "cgroup-v1")
+    with pytest.raises(BackendError, match="NVML"):
+        gpu_backend(config, "cgroup-v1", tmp_path / "no-emulator.sock")
+    nvml = AgentConfig(gpu_layer=GpuLayerConfig(kind="gemini", gemini_dir=str(tmp_path)))
+    with pytest.raises(BackendError, match="NVML"):
+        gpu_backend(nvml, "cgroup-v1")

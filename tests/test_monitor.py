@@ -14,6 +14,7 @@ from kuscale.model import CpuCounters, PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded, PodRemoved, Stop
 from kuscale.sim.node import SimCpu, SimGpu, SimNode, SimPod
 from kuscale.sim.run import run_simulation
+from kuscale.views import status_lines
 from kuscale.workload import Schedule
 
 CONFIG = AgentConfig(period=0.5)
@@ -297,3 +298,31 @@ def test_kernel_shares_follow_tokens_and_are_restored() -> None:
     assert SimCpu(node).read_shares("large") == 4096
     monitor.restore()
     assert SimCpu(node).read_shares("large") == 1024
+
+
+def test_each_gpu_device_is_shared_and_shown_on_its_own() -> None:
+    """Three pods on GPU 0 and one on GPU 1 of a 2-GPU node: admission, limits and the
+    status's per-device figures count each device alone; status text and top show them."""
+    node = SimNode(cores=4, gpus=2)
+    monitor = make(node)
+    for name, device in (("a", 0), ("b", 0), ("c", 0), ("d", 1)):
+        node.add(
+            name, SimPod(cpu=Schedule.parse("0:20"), gpu=Schedule.parse("0:60"), device=device)
+        )
+        monitor.submit(PodAdded(PodSpec(name=name, tokens=300, cgroup=name, vgpu_id=name)))
+    step(node, monitor, 30)
+    snapshot = monitor.snapshot()
+    devices = snapshot["gpu_devices"]
+    assert [d["device"] for d in devices] == [0, 1]
+    assert all(d["capacity"] == 100.0 for d in devices)
+    assert devices[0]["usage"] <= 100.0 + 1e-6
+    assert devices[0]["limit"] <= 100.0 * CONFIG.policy_config.gpu.overcommit + 1e-6
+    assert devices[1]["usage"] == pytest.approx(60.0, abs=6.0)
+    assert {p["name"]: p["gpu_device"] for p in snapshot["pods"]} == {
+        "a": 0,
+        "b": 0,
+        "c": 0,
+        "d": 1,
+    }
+    assert any(line.startswith("gpu1: usage=") for line in status_lines(snapshot))
+    assert "d tokens=300" in "\n".join(status_lines(snapshot))

@@ -32,6 +32,11 @@ STALE_PERIODS = 3
 TICK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 POD_LABELS = ("pod", "namespace", "node")
+DEVICE_GAUGES = (
+    ("capacity", "What the GPU device can give, percent."),
+    ("limit", "The GPU limits its running pods hold together, percent."),
+    ("usage", "The GPU its running pods used together over the last period, percent."),
+)
 RESOURCE_LABELS = (*POD_LABELS, "resource")
 
 RESOURCE_GAUGES = (
@@ -86,7 +91,18 @@ class SnapshotCollector(Collector):
         running = [p for p in snapshot["pods"] if p["status"] in ("running", "not ready")]
         yield from self._resource_gauges(running)
         yield from self._pod_metrics(running)
+        yield from self._device_gauges(snapshot.get("gpu_devices", []))
         yield from self._agent_metrics(snapshot)
+
+    def _device_gauges(self, devices: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Per GPU device: a pod's GPU share lives on one device, which has 100 % alone."""
+        for key, doc in DEVICE_GAUGES:
+            family = GaugeMetricFamily(
+                f"kuscale_gpu_device_{key}_percent", doc, labels=("node", "device")
+            )
+            for device in devices:
+                family.add_metric([self.node, str(device["device"])], float(device[key]))
+            yield family
 
     def _resource_gauges(self, pods: list[dict[str, Any]]) -> Iterator[Metric]:
         for name, key, doc in RESOURCE_GAUGES:

@@ -864,8 +864,23 @@ class Monitor:
             "fast_raises": self.stats.fast_raises,
             "tick_seconds": self.stats.last_duration,
             "errors": dict(self.stats.errors),
+            "gpu_devices": self._device_view(),
             "pods": [pod_view(pod) for pod in pods],
         }
+
+    def _device_view(self) -> list[dict[str, float]]:
+        """Each GPU device's capacity and what its running pods hold and use of it."""
+        held = np.zeros(self.device_capacity.size)
+        used = np.zeros(self.device_capacity.size)
+        for pod in self.registry.running.values():
+            state = pod.resources.get(Resource.GPU)
+            if state is not None and 0 <= pod.gpu_device < held.size:
+                held[pod.gpu_device] += state.limit
+                used[pod.gpu_device] += state.usage
+        return [
+            {"device": d, "capacity": float(c), "limit": float(held[d]), "usage": float(used[d])}
+            for d, c in enumerate(self.device_capacity.tolist())
+        ]
 
 
 def pod_view(pod: PodState) -> dict[str, Any]:
@@ -877,6 +892,7 @@ def pod_view(pod: PodState) -> dict[str, Any]:
         "reason": pod.reason,
         "token_queue": pod.token_queue,
         "updated_count": pod.updated_count,
+        "gpu_device": pod.gpu_device if Resource.GPU in pod.resources else None,
         "resources": {
             resource.label: {
                 "usage": state.usage,

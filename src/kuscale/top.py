@@ -92,6 +92,11 @@ RESOURCE_KEYS = {
     "kuscale_pod_price_tokens": "price",
     "kuscale_pod_starved": "starved",
 }
+DEVICE_KEYS = {
+    "kuscale_gpu_device_capacity_percent": "capacity",
+    "kuscale_gpu_device_limit_percent": "limit",
+    "kuscale_gpu_device_usage_percent": "usage",
+}
 POD_KEYS = {
     "kuscale_pod_tokens": "tokens",
     "kuscale_pod_token_queue_tokens": "token_queue",
@@ -99,9 +104,34 @@ POD_KEYS = {
 }
 
 
+def _take_pod_sample(
+    pods: dict[tuple[str, str], dict[str, Any]], name: str, labels: dict[str, str], value: float
+) -> None:
+    pod = pods.setdefault(
+        (labels["namespace"], labels["pod"]),
+        {
+            "name": labels["pod"],
+            "namespace": labels["namespace"],
+            "tokens": 0,
+            "token_queue": 0.0,
+            "updated_count": 0,
+            "status": "running",
+            "reason": "",
+            "resources": {},
+        },
+    )
+    if name in RESOURCE_KEYS:
+        pod["resources"].setdefault(labels["resource"], {})[RESOURCE_KEYS[name]] = value
+    elif name in POD_KEYS:
+        pod[POD_KEYS[name]] = value
+    else:
+        pod["status"] = labels["status"]
+
+
 def snapshot_from_metrics(text: str) -> dict[str, Any]:
     """The subset of a snapshot that `top` shows, from the exposition format."""
     pods: dict[tuple[str, str], dict[str, Any]] = {}
+    devices: dict[int, dict[str, Any]] = {}
     snapshot: dict[str, Any] = {"policy": "?", "mode": "?", "period": 1.0, "ticks": 0}
     found = False
     for family in text_string_to_metric_families(text):
@@ -112,29 +142,14 @@ def snapshot_from_metrics(text: str) -> dict[str, Any]:
                 found = True
             elif name == "kuscale_ticks_total":
                 snapshot["ticks"] = int(sample.value)
+            elif name in DEVICE_KEYS:
+                index = int(labels["device"])
+                devices.setdefault(index, {"device": index})[DEVICE_KEYS[name]] = sample.value
             elif name in RESOURCE_KEYS or name in POD_KEYS or name == "kuscale_pod_status":
-                pod = pods.setdefault(
-                    (labels["namespace"], labels["pod"]),
-                    {
-                        "name": labels["pod"],
-                        "namespace": labels["namespace"],
-                        "tokens": 0,
-                        "token_queue": 0.0,
-                        "updated_count": 0,
-                        "status": "running",
-                        "reason": "",
-                        "resources": {},
-                    },
-                )
-                if name in RESOURCE_KEYS:
-                    state = pod["resources"].setdefault(labels["resource"], {})
-                    state[RESOURCE_KEYS[name]] = sample.value
-                elif name in POD_KEYS:
-                    pod[POD_KEYS[name]] = sample.value
-                else:
-                    pod["status"] = labels["status"]
+                _take_pod_sample(pods, name, labels, sample.value)
     if not found:
         raise ValueError("no kuscale_policy_info sample")
+    snapshot["gpu_devices"] = [devices[index] for index in sorted(devices)]
     for pod in pods.values():
         for state in pod["resources"].values():
             state["starved"] = bool(state.get("starved", 0.0))
@@ -221,6 +236,11 @@ def render(snapshot: dict[str, Any], source: str, sort_key: str) -> Group:
         f"tick {snapshot.get('ticks', 0)} · {len(pods)} pods · sorted by {sort_key}\n",
         style="bold",
     )
+    for device in snapshot.get("gpu_devices", []):
+        header.append(
+            f"gpu{device['device']}: use {device.get('usage', 0.0):.0f} % · limits "
+            f"{device.get('limit', 0.0):.0f} % of {device.get('capacity', 0.0):.0f} %\n"
+        )
     header.append("sort: c cpu, g gpu, t tokens, b token queue, n name · q quit", style="dim")
     return Group(header, table)
 

@@ -50,11 +50,18 @@ def status_lines(snapshot: dict[str, Any]) -> list[str]:
     lines = [
         f"mode={snapshot.get('mode')} policy={snapshot.get('policy')} ticks={snapshot.get('ticks')}"
     ]
+    for device in snapshot.get("gpu_devices", []):
+        lines.append(
+            f"gpu{device['device']}: usage={device['usage']:.1f} limits={device['limit']:.1f} "
+            f"capacity={device['capacity']:.0f}"
+        )
     for pod in snapshot.get("pods", []):
         head = (
             f"{pod['name']} tokens={pod['tokens']} status={pod['status']!r} "
             f"queue={pod['token_queue']:.2f}"
         )
+        if pod.get("gpu_device") is not None:
+            head += f" gpu_device={pod['gpu_device']}"
         if pod.get("reason"):
             head += f" reason={pod['reason']!r}"
         lines.append(head)
