@@ -3,6 +3,6 @@ FROM python:3.11-slim
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install --no-cache-dir . && rm -rf /src
+RUN pip install --no-cache-dir '.[nvml]' && rm -rf /src
 WORKDIR /
 ENTRYPOINT ["kuscale"]

@@ -75,9 +75,12 @@ def test_the_settings_parse_and_the_vgpu_root_is_mounted_where_they_say(director
     mounts = {
         m["mountPath"]: host_paths.get(m["name"]) for m in pod["containers"][0]["volumeMounts"]
     }
-    assert (layer.kind == "vgpu") == (directory.name == "gpu")
+    assert layer.kind == {"gpu": "vgpu", "gemini": "gemini"}.get(directory.name, "none")
     if layer.kind == "vgpu":
         assert mounts[layer.root] == layer.root
+    if layer.kind == "gemini":
+        assert mounts[layer.gemini_dir] == layer.gemini_dir
+        assert len(layer.files()) == layer.gpus
 
 
 def test_the_shipped_settings_and_example_are_valid() -> None:
