@@ -135,7 +135,7 @@ class PolicyConfig:
 
 
 POLICY_NAMES = ("kuscale", "kuscale-2022", "static", "vpa", "autothrottle")
-GPU_LAYERS = ("none", "vgpu", "gemini")
+GPU_LAYERS = ("none", "vgpu", "gemini", "hami")
 GEMINI_REQUESTS = ("minimum", "keep")
 GPU_USAGE_SOURCES = ("nvml", "emulator")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -156,6 +156,9 @@ class GpuLayerConfig:
     ...), writing REQUEST as the pod's GPU minimum (`gemini_request = "minimum"`) or
     leaving it (`"keep"`), and reads use from NVML (`usage = "nvml"`, the `nvml` extra) or
     from the local GPU emulator (`"emulator"`).
+
+    With `hami`, each pod's GPU use is read from HAMi-core's per-container regions under
+    `hami_root` and charged at the share HAMi fixed; nothing is written.
     """
 
     kind: str = "none"
@@ -174,13 +177,15 @@ class GpuLayerConfig:
     """GPU_MEM, bytes, for a client the device plugin places (Gemini needs a restart to
     change it, so kuscale never does)."""
     usage: str = "nvml"
+    hami_root: str = "/usr/local/vgpu/containers"
+    """HAMi's per-container shared regions on the host (`hami`: measured, never resized)."""
 
     def validate(self) -> GpuLayerConfig:
         if self.kind not in GPU_LAYERS:
             raise ConfigError(f"gpu_layer.kind {self.kind!r} is not one of {', '.join(GPU_LAYERS)}")
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ConfigError(f"gpu_layer.gpus must be a positive integer, got {self.gpus!r}")
-        for key in ("root", "container_dir", "hook_library", "gemini_dir"):
+        for key in ("root", "container_dir", "hook_library", "gemini_dir", "hami_root"):
             _require_path(f"gpu_layer.{key}", getattr(self, key), optional=key == "hook_library")
         files = self.gemini_files
         if not isinstance(files, list) or not all(

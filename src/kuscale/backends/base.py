@@ -110,7 +110,9 @@ class GpuBackend(Protocol):
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """The share the client will hold when asked for `limit` while holding `held` (None:
-        nothing set yet): never more than `limit`, so a budget is never overspent."""
+        nothing set yet): never more than `limit` where the layer can change shares, so a
+        budget is never overspent; a layer that cannot (HAMi) says what it holds anyway,
+        so the pod is charged for it and any overspend shows."""
         ...
 
     def exists(self, vgpu_id: str) -> bool: ...

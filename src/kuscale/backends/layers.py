@@ -1,5 +1,6 @@
-"""The GPU backend a configuration names: the original's vGPU module, or Gemini measured
-through NVML (a GPU node's driver, or the GPU emulator's NVML view in local mode)."""
+"""The GPU backend a configuration names: the original's vGPU module; Gemini measured
+through NVML (a GPU node's driver, or the GPU emulator's NVML view in local mode); or HAMi,
+measured from its shared regions and never written."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from pathlib import Path
 
 from kuscale.backends.base import BackendError, GpuBackend
 from kuscale.backends.gemini import KEEP_REQUEST, GeminiLayer
+from kuscale.backends.hami import HamiLayer
 from kuscale.backends.nvml import NvmlUsage, load_pynvml
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig
 from kuscale.gpuemu.nvml import EmulatedNvml
 from kuscale.model import Resource
+
+GPU_CLIENT_NAMES = {"vgpu": "tokens", "gemini": "tokens", "hami": "container"}
+"""How Kubernetes discovery names a pod to each GPU layer (see KubernetesDiscovery)."""
 
 
 def gpu_backend(
@@ -20,6 +25,8 @@ def gpu_backend(
     layer = config.gpu_layer
     if layer.kind == "vgpu":
         return VgpuLayer(Path(layer.root), layer.gpus)
+    if layer.kind == "hami":
+        return HamiLayer(Path(layer.hami_root), layer.gpus)
     if layer.kind != "gemini":
         return None
     if layer.usage == "emulator":

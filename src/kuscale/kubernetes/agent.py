@@ -21,7 +21,7 @@ from kubernetes import client
 from kuscale.actuators.resize import ResizeActuator
 from kuscale.agentloop import AgentLoop
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
-from kuscale.backends.layers import gpu_backend
+from kuscale.backends.layers import GPU_CLIENT_NAMES, gpu_backend
 from kuscale.config import AgentConfig
 from kuscale.deviceplugin.gpulayer import allocator_for
 from kuscale.deviceplugin.plugin import DevicePluginServer, TokenPlugin
@@ -72,7 +72,7 @@ class KubernetesAgent(AgentLoop):
             self.monitor.submit,
             interval=config.period,
             pod_resources_socket=kubelet.pod_resources,
-            vgpus=gpu is not None,
+            gpu_clients=GPU_CLIENT_NAMES.get(config.gpu_layer.kind, "none"),
         )
         self.plugin = None
         if tokens:

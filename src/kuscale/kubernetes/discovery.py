@@ -20,7 +20,11 @@ from kuscale.backends.base import CpuBackend
 from kuscale.deviceplugin.gpulayer import vgpu_id_for
 from kuscale.kubernetes.apiserver import NodePods, join
 from kuscale.kubernetes.cgroups import Driver, ResolutionError, detect_driver, resolve
-from kuscale.kubernetes.podresources import PodResourcesError, list_token_holders
+from kuscale.kubernetes.podresources import (
+    PodResourcesError,
+    TokenHolder,
+    list_token_holders,
+)
 from kuscale.model import InvalidSpec, PodSpec
 from kuscale.monitor import Event, PodAdded, PodRemoved
 
@@ -35,15 +39,17 @@ class KubernetesDiscovery:
         submit: Callable[[Event], None],
         interval: float,
         pod_resources_socket: Path,
-        vgpus: bool = False,
+        gpu_clients: str = "none",
     ) -> None:
         self.pods = pods
         self.tree = tree
         self.submit = submit
         self.interval = interval
         self.socket = pod_resources_socket
-        self.vgpus = vgpus
-        """True on a node with the vGPU layer: every pod holding tokens has a vGPU."""
+        self.gpu_clients = gpu_clients
+        """How a pod holding tokens is named to the node's GPU layer: `tokens` (the vGPU
+        layer and Gemini: named after the container's lowest token, as Allocate named it),
+        `container` (HAMi: `<pod UID>_<container>`, its region's directory), `none`."""
         self._driver: Driver | None = None
         self._known: dict[str, PodSpec] = {}
         self._stop = threading.Event()
@@ -81,7 +87,7 @@ class KubernetesDiscovery:
                     uid=view.uid,
                     containers=cgroups.containers,
                     declared_cpu=view.declared_cpu,
-                    vgpu_id=vgpu_id_for(holder.container_tokens[0]) if self.vgpus else None,
+                    vgpu_id=self._gpu_client(holder, view.uid),
                 )
             except (ResolutionError, InvalidSpec) as err:
                 log.info(
@@ -90,6 +96,13 @@ class KubernetesDiscovery:
                 continue
             found[spec.key] = spec
         return found
+
+    def _gpu_client(self, holder: TokenHolder, uid: str) -> str | None:
+        if self.gpu_clients == "tokens":
+            return vgpu_id_for(holder.container_tokens[0])
+        if self.gpu_clients == "container":
+            return f"{uid}_{holder.containers[0]}"
+        return None
 
     def scan(self) -> None:
         """Announce new and changed pods, and withdraw those whose tokens are gone."""
