@@ -14,6 +14,7 @@ import io
 import json
 import math
 import shutil
+import struct
 import tempfile
 import tomllib
 from collections.abc import Callable
@@ -27,7 +28,11 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from kuscale.actuators.cgroup import CgroupActuator
+from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import MAX_QUOTA_US, MIN_QUOTA_US, CgroupV1
+from kuscale.backends.gemini import GeminiLayer
+from kuscale.backends.hami import READY as HAMI_READY
+from kuscale.backends.hami import REGION_BYTES, parse_region
 from kuscale.cli import CliError, _config, _sim_scenario, build_parser
 from kuscale.config import AgentConfig, ConfigError, config_from_mapping
 from kuscale.deviceplugin import api_pb2 as api
@@ -415,6 +420,75 @@ def record_target(entry: dict[str, Any], tree: Tree, tally: Tally) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+GEMINI_LINES = st.one_of(
+    st.builds(
+        "{} {} {} {}".format,
+        st.sampled_from(["web", "trainer", "x" * 63, "a b"]),
+        st.one_of(st.floats(-1, 2), st.text(max_size=4)),
+        st.one_of(st.floats(-1, 2), st.text(max_size=4)),
+        st.one_of(st.integers(-5, 2**40), st.text(max_size=4)),
+    ),
+    st.text(max_size=30).filter(lambda t: "\n" not in t and "\r" not in t),
+)
+GEMINI_CASES = st.tuples(
+    st.lists(GEMINI_LINES, max_size=6),
+    st.sampled_from(["web", "trainer", "a b", "x" * 63, "../up"]),
+    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+)
+
+
+def gemini_target(case: tuple[list[str], str, float | None], directory: Path, tally: Tally) -> None:
+    """Gemini's resource file holding anything, and a limit of any value for any client:
+    a clear error or a rewrite that keeps every other line, with LIMIT in (0, 1]."""
+    lines, client, limit = case
+    directory.mkdir(exist_ok=True)
+    path = directory / "0"
+    before = "\n".join([str(len(lines)), *lines]) + "\n"
+    path.write_bytes(before.encode("utf-8"))
+    layer = GeminiLayer(directory, ["0"], None)
+    with contextlib.suppress(BackendError):
+        layer.write_limit(client, layer.quantize(client, limit, None) if limit else limit)
+        layer.commit()
+    after_text = path.read_bytes().decode("utf-8")
+    if after_text == before:
+        return
+    kept = [line for line in before.split("\n")[1:] if line.strip()]
+    after = [line for line in after_text.split("\n") if line.strip()]
+    if not after or after[0] != str(len(after) - 1):
+        tally.invalid("gemini", f"count line wrong or file emptied: {after[:2]!r}")
+    for line in after[1:]:
+        fields = line.split()
+        if line in kept:
+            continue
+        if fields[:1] != [client] or not 0.0 < float(fields[2]) <= 1.0:
+            tally.invalid("gemini", f"{line!r} is neither kept nor {client}'s LIMIT in (0, 1]")
+
+
+def hami_target(data: bytes) -> None:
+    """HAMi-core's region holding anything: refused, or read within 0-100 % per device."""
+    with contextlib.suppress(BackendError):
+        region = parse_region(data, "fuzz")
+        if any(not 0 <= util <= 100 for util in region.sm_util):
+            raise AssertionError(f"SM use out of range: {region.sm_util}")
+
+
+def _hami_regions() -> st.SearchStrategy[bytes]:
+    """Mostly a valid region with a few bytes changed, sometimes random bytes."""
+    base = bytearray(REGION_BYTES)
+    struct.pack_into("<iII", base, 0, HAMI_READY, 1, 2)
+    struct.pack_into("<Q", base, 56, 1)
+    valid = bytes(base)
+
+    def mutate(edits: list[tuple[int, int]]) -> bytes:
+        data = bytearray(valid)
+        for offset, value in edits:
+            data[offset % len(data)] = value
+        return bytes(data)
+
+    edits = st.lists(st.tuples(st.integers(0, REGION_BYTES), st.integers(0, 255)), max_size=8)
+    return st.one_of(st.builds(mutate, edits), st.binary(max_size=64))
+
+
 Target = Callable[[Any], None]
 
 
@@ -436,6 +510,12 @@ def targets(workdir: Path, tally: Tally) -> dict[str, tuple[st.SearchStrategy[An
             0.15,
         ),
         "record": (RECORDS, lambda e: record_target(e, tree, tally), 0.1),
+        "gemini": (
+            GEMINI_CASES,
+            lambda c: gemini_target(c, workdir / "gemini", tally),
+            0.05,
+        ),
+        "hami": (_hami_regions(), hami_target, 0.03),
     }
 
 

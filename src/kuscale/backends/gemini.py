@@ -17,12 +17,12 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from kuscale.backends.base import BackendError, RangeError
-from kuscale.backends.files import confine, read_text
+from kuscale.backends.files import confine
 
 log = logging.getLogger("kuscale.gemini")
 
@@ -47,8 +47,12 @@ class ClientLine:
     request: float
     limit: float
     memory: int
+    text: str | None = field(default=None, compare=False)
+    """The line as it was read: written back as it was unless kuscale changed the client."""
 
     def render(self) -> str:
+        if self.text is not None:
+            return self.text
         return f"{self.name} {_fraction(self.request)} {_fraction(self.limit)} {self.memory}"
 
 
@@ -84,12 +88,13 @@ def parse_client(line: str) -> ClientLine | None:
         return None
     if not (0.0 <= request <= 1.0 and 0.0 <= limit <= 1.0):
         return None
-    return ClientLine(fields[0], request, limit, int(fields[3]))
+    return ClientLine(fields[0], request, limit, int(fields[3]), line)
 
 
 def parse_config(text: str) -> list[Entry]:
-    """Every line after the count, read where it can be and kept verbatim where not."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    """Every line after the count, read where it can be and kept verbatim where not (split
+    on newlines alone, as gem-schd's stream reads it)."""
+    lines = [line for line in text.split("\n") if line.strip()]
     if lines and lines[0].strip().isdigit():
         lines = lines[1:]
     return [parse_client(line) or line for line in lines]
@@ -104,7 +109,7 @@ def rewrite_in_place(path: str, text: str) -> None:
     """Open, truncate, write, close on the same file: gem-schd's inotify sees the close, and
     a rename would go unseen. One write of the whole text, so the file is never empty for
     longer than the write; a failed write is reported, never retried half done."""
-    data = text.encode("ascii")
+    data = text.encode("latin-1")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     except OSError as err:
@@ -155,13 +160,15 @@ class GeminiLayer:
         return (100.0,) * len(self.paths)
 
     def _entries(self, device: int) -> list[Entry]:
+        """The device's file, bytes kept as they are (latin-1 maps each byte to itself)."""
         path = self.paths[device]
         try:
-            return parse_config(read_text(path))
-        except BackendError:
-            if not os.path.exists(path):
-                return []
-            raise
+            with open(path, "rb") as config:
+                return parse_config(config.read().decode("latin-1"))
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise BackendError(f"cannot read {path}: {err.strerror}") from err
 
     def _find(self, client: str) -> tuple[int, ClientLine]:
         validate_client_name(client)
@@ -203,6 +210,8 @@ class GeminiLayer:
         client's grants stall while it does (seen here: a rewrite each half-second tick
         left a client wanting 65 % of the GPU with 1 %). So a LIMIT changes only when the
         share falls (at once: the budget pays for no more) or rises by `step` or more."""
+        if not (math.isfinite(limit) and 0.0 < limit <= 100.0):
+            raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
         if held is not None and held <= limit < held + self.step:
             return held
         return max(math.floor(limit), min(limit, 1.0))
