@@ -102,6 +102,37 @@ def bench_fixture(pods: int, ticks: int) -> list[float]:
         shutil.rmtree(root)
 
 
+def bench_floor(pods: int, ticks: int) -> list[float]:
+    """The kernel I/O a tick cannot avoid, bare, on the same tree: per pod a pread of
+    `cpuacct.usage` and of `cpu.stat` and a pwrite of the quota, through kept descriptors."""
+    root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
+    try:
+        make_tree(root, pods)
+        reads = [
+            os.open(root / tree / f"pod-{i}" / name, os.O_RDONLY)
+            for i in range(pods)
+            for tree, name in (("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat"))
+        ]
+        writes = [
+            os.open(root / "cpu" / f"pod-{i}" / "cpu.cfs_quota_us", os.O_WRONLY)
+            for i in range(pods)
+        ]
+        durations = []
+        for tick in range(1, ticks + 1):
+            quota = str(10_000 + tick % 50 * 1000).encode()
+            started = time.perf_counter()
+            for fd in reads:
+                os.pread(fd, 4096, 0)
+            for fd in writes:
+                os.pwrite(fd, quota, 0)
+            durations.append(time.perf_counter() - started)
+        for fd in reads + writes:
+            os.close(fd)
+        return durations
+    finally:
+        shutil.rmtree(root)
+
+
 def bench_watch(pods: int, passes: int) -> list[float]:
     """One watch pass between ticks: every pod's cpu.stat read through the descriptors the
     tick keeps open, nobody throttled (the common case: nothing to raise)."""
@@ -208,8 +239,15 @@ def main() -> None:
     for name in ("kuscale", "kuscale-2022"):
         for pods in (110, 1000):
             report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
+    ratios = []
     for pods in (10, 110, 1000):
-        report("fixture v1 tree (tmpfs)", pods, bench_fixture(pods, args.ticks))
+        tick = bench_fixture(pods, args.ticks)
+        floor = bench_floor(pods, args.ticks)
+        report("fixture v1 tree (tmpfs)", pods, tick)
+        report("  its kernel I/O alone", pods, floor)
+        ratios.append((pods, statistics.median(tick) / statistics.median(floor)))
+    for pods, ratio in ratios:
+        print(f"tick-to-floor ratio at {pods} pods: {ratio:.1f}")
     for pods in (110, 1000):
         report("watch pass, fixture tree", pods, bench_watch(pods, args.ticks * 5))
     real = bench_real(10, args.ticks)
