@@ -268,16 +268,20 @@ def test_real_gemini_holds_a_client_to_the_share_kuscale_writes(
     emulated_gpu: EmulatedGpu,
     real_cgroups: tuple[CgroupV1 | CgroupV2, str],
 ) -> None:
+    """kuscale changes a live client's LIMIT in the file and gem-schd holds the client to
+    it, measured through NVML. The client asks gem-schd itself (see
+    `GeminiRuntime.add_client` for why no pod manager stands between them)."""
     cgroups, parent = real_cgroups
+    cgroup = f"{parent}/trainer"
     runtime = GeminiRuntime(gemini_bin, emulated_gpu.state / "gemini" / "config", devices=2)
     runtime.start()
     client = None
     try:
         port = runtime.add_client("trainer", device=1, limit=50.0)
-        client = _start_client(emulated_gpu, "trainer", 1, cgroups, f"{parent}/trainer", port)
+        client = _start_client(emulated_gpu, "trainer", 1, cgroups, cgroup, port)
         usage = NvmlUsage(EmulatedNvml(emulated_gpu.socket), cgroups.mode)
         layer = GeminiLayer(runtime.config_dir, runtime.files(), usage)
-        layer.track("trainer", f"{parent}/trainer")
+        layer.track("trainer", cgroup)
         assert layer.device_of("trainer") == 1
 
         def busy() -> int:

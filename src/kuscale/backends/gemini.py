@@ -149,6 +149,7 @@ class GeminiLayer:
         self.request = request
         self.step = step
         self._cgroups: dict[str, str] = {}
+        self._devices: dict[str, int] = {}
         self._staged: dict[str, float | None] = {}
         self._removed: set[str] = set()
         self._polled = False
@@ -189,19 +190,21 @@ class GeminiLayer:
         return True
 
     def track(self, vgpu_id: str, cgroup: str) -> None:
+        """Remember the client's cgroup and device, so a tick's reads parse no file."""
         self._cgroups[vgpu_id] = cgroup
+        self._devices[vgpu_id] = self.device_of(vgpu_id)
 
     def read(self, vgpu_id: str) -> int:
         """Busy ns from NVML, polled once per tick (the first read after a commit)."""
         if self.usage is None:
             raise BackendError("no GPU usage source (NVML) for Gemini")
-        cgroup = self._cgroups.get(vgpu_id)
-        if cgroup is None:
+        cgroup, device = self._cgroups.get(vgpu_id), self._devices.get(vgpu_id)
+        if cgroup is None or device is None:
             raise BackendError(f"Gemini client {vgpu_id!r} has no cgroup to measure")
         if not self._polled:
             self.usage.poll()
             self._polled = True
-        return self.usage.busy_ns(cgroup, self.device_of(vgpu_id))
+        return self.usage.busy_ns(cgroup, device)
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """Whole percents, and a rise under `step` points leaves what the client holds.
@@ -232,6 +235,7 @@ class GeminiLayer:
         read, so a departed client would otherwise keep a share in the file)."""
         self._staged.pop(vgpu_id, None)
         self._cgroups.pop(vgpu_id, None)
+        self._devices.pop(vgpu_id, None)
         self._removed.add(vgpu_id)
 
     def commit(self) -> None:

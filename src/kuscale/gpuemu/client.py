@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 from kuscale.gpuemu.gemini import GeminiError, GeminiGate
@@ -28,7 +29,7 @@ class GpuClient:
         gate: GeminiGate | None = None,
     ) -> None:
         self.gate = gate
-        self._burst_ms = 0.0
+        self._quota_until = 0.0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -50,14 +51,21 @@ class GpuClient:
         """Run one kernel of at most this length; blocks while the client is out of its
         share. Behind Gemini the kernel is cut to the quota left; the seconds it ran."""
         if self.gate is not None:
-            try:
-                left = self.gate.quota_ms(self._burst_ms) / 1000.0
-            except GeminiError as err:
-                raise GpuClientError(str(err)) from err
-            seconds = min(seconds, max(left, 1e-4))
-            self._burst_ms = seconds * 1000.0
+            seconds = self._within_quota(seconds)
         self._request(f"RUN {max(1, round(seconds * 1e6))}")
         return seconds
+
+    def _within_quota(self, seconds: float) -> float:
+        """As Gemini's hook does: ask the pod manager only when the quota it last granted
+        would not cover this kernel, reporting the kernel as the next burst."""
+        assert self.gate is not None
+        if time.monotonic() + seconds > self._quota_until:
+            try:
+                left = self.gate.quota_ms(seconds * 1000.0) / 1000.0
+            except GeminiError as err:
+                raise GpuClientError(str(err)) from err
+            self._quota_until = time.monotonic() + max(left, 0.0)
+        return min(seconds, max(self._quota_until - time.monotonic(), 1e-4))
 
     def close(self) -> None:
         self._file.close()
