@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
-from conftest import KUSCALE
+from conftest import KUSCALE, wait_for
 from rich.console import Console
 
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
@@ -101,3 +102,25 @@ def test_the_demo_runs_its_gpu_pod_under_the_real_gemini(
     assert gpu["mean_usage"] > 0.4 * gpu["mean_demand"], gpu
     assert trainer["budget_overspend_fraction"] == 0.0
     assert not gemini_processes(gemini_bin), "Gemini's programs outlived the demo"
+
+
+def test_a_demo_stopped_by_sigterm_removes_what_it_started(
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+) -> None:
+    cgroups, _ = real_cgroups
+    demo = subprocess.Popen(
+        [*KUSCALE, "demo", "--duration", "60"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    parent = f"kuscale-demo-{demo.pid}"
+    try:
+        wait_for(lambda: cgroups.exists(f"{parent}/trainer"), timeout=60)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    # A cgroup is removed only once empty: no workload of the demo outlived it either.
+    assert not cgroups.exists(parent), "the demo's cgroups outlived it"

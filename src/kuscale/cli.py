@@ -566,6 +566,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError("--gpu-layer gemini and --gemini-bin DIR go together")
     config = _config(args, period=args.period or 0.5)
     console = report_console()
+    _unwind_on_sigterm()
     try:
         run_demo(
             config,
@@ -578,6 +579,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     except (GeminiRuntimeError, RuntimeError) as err:
         raise CliError(str(err)) from None
+    except KeyboardInterrupt:
+        print("demo interrupted: its workloads, agent and cgroups were stopped and removed")
+        return 130
     return 0
 
 
@@ -674,13 +678,26 @@ def cmd_gpu_emulator(args: argparse.Namespace) -> int:
         state.vgpu, state.gpu_socket, devices=args.devices, enforce=not args.no_enforce
     )
 
+    async def serve_until_terminated() -> None:
+        """SIGTERM cancels the server inside the loop, so every task ends in order."""
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await emulator.serve()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_until_terminated())
+    return 0
+
+
+def _unwind_on_sigterm() -> None:
+    """SIGTERM unwinds the stack like Ctrl-C, so every `finally` gives back what it set."""
+
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(emulator.serve())
-    return 0
 
 
 def cmd_workload(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -349,10 +350,27 @@ def run_on_cgroups(
             agent.stop()
         if gemini is not None:
             gemini.stop()
-        with contextlib.suppress(BackendError):
-            cgroups.remove(parent)
+        _remove_cgroups(cgroups, parent, [w.name for w in DEMO_WORKLOADS])
         shutil.rmtree(state_path, ignore_errors=True)
     return recorder
+
+
+def _remove_cgroups(cgroups: CgroupV1 | CgroupV2, parent: str, pods: list[str]) -> None:
+    """The demo's cgroups, whatever stopped it: the agent removes a pod's cgroup when its
+    workload ends, but an interrupted demo ends first, and a killed workload's own worker
+    processes may outlive it; they are the demo's, so they go too."""
+    for cgroup in [f"{parent}/{pod}" for pod in pods] + [parent]:
+        with contextlib.suppress(BackendError, OSError):
+            if not cgroups.exists(cgroup):
+                continue
+            procs = Path(cgroups.cpu_root, cgroup, "cgroup.procs").read_text().split()
+            for pid in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while not cgroups.is_empty(cgroup) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cgroups.remove(cgroup)
 
 
 def _start_gemini(gemini: GeminiRuntime) -> dict[str, dict[str, str]]:
