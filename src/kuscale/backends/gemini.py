@@ -213,8 +213,7 @@ class GeminiLayer:
         client's grants stall while it does (seen here: a rewrite each half-second tick
         left a client wanting 65 % of the GPU with 1 %). So a LIMIT changes only when the
         share falls (at once: the budget pays for no more) or rises by `step` or more."""
-        if not (math.isfinite(limit) and 0.0 < limit <= 100.0):
-            raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
+        _check_share(limit)
         if held is not None and held <= limit < held + self.step:
             return held
         return max(math.floor(limit), min(limit, 1.0))
@@ -225,8 +224,8 @@ class GeminiLayer:
     def write_limit(self, vgpu_id: str, limit: float | None) -> None:
         """Staged until commit; None (no limit) is the whole GPU: LIMIT 1."""
         validate_client_name(vgpu_id)
-        if limit is not None and not (math.isfinite(limit) and 0.0 < limit <= 100.0):
-            raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
+        if limit is not None:
+            _check_share(limit)
         self._staged[vgpu_id] = limit
         self._removed.discard(vgpu_id)
 
@@ -268,18 +267,25 @@ class GeminiLayer:
         if entries and text != render_config(entries):
             rewrite_in_place(path, text)
 
-    def place(self, client: str, memory: int) -> int:
-        """Put a new client on the device with the fewest clients, with the whole GPU (LIMIT
-        1) until the agent adopts it; a stale line of the same name goes first. Its device."""
+    def place(
+        self, client: str, memory: int, device: int | None = None, limit: float = 100.0
+    ) -> int:
+        """Put a new client on `device`, or on the device with the fewest clients, with
+        `limit` percent (the whole GPU until the agent adopts it); a stale line of the same
+        name goes first. Its device."""
         validate_client_name(client)
-        listed = [self._entries(device) for device in range(len(self.paths))]
-        for device, entries in enumerate(listed):
+        _check_share(limit)
+        if device is not None and not 0 <= device < len(self.paths):
+            raise BackendError(f"no GPU {device}: Gemini has {len(self.paths)} files here")
+        listed = [self._entries(d) for d in range(len(self.paths))]
+        for d, entries in enumerate(listed):
             kept = [e for e in entries if not (isinstance(e, ClientLine) and e.name == client)]
             if len(kept) != len(entries):
-                rewrite_in_place(self.paths[device], render_config(kept))
-                listed[device] = kept
-        device = min(range(len(listed)), key=lambda d: (_clients(listed[d]), d))
-        line = ClientLine(client, 0.0, 1.0, memory)
+                rewrite_in_place(self.paths[d], render_config(kept))
+                listed[d] = kept
+        if device is None:
+            device = min(range(len(listed)), key=lambda d: (_clients(listed[d]), d))
+        line = ClientLine(client, 0.0, limit / 100.0, memory)
         rewrite_in_place(self.paths[device], render_config([*listed[device], line]))
         return device
 
@@ -287,6 +293,11 @@ class GeminiLayer:
         fraction = 1.0 if limit is None else limit / 100.0
         request = entry.request if self.request == KEEP_REQUEST else self.request / 100.0
         return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)
+
+
+def _check_share(limit: float) -> None:
+    if not (math.isfinite(limit) and 0.0 < limit <= 100.0):
+        raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
 
 
 def _clients(entries: Sequence[Entry]) -> int:

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kuscale.backends.base import BackendError
-from kuscale.backends.files import confine
-from kuscale.model import InvalidSpec, validate_vgpu_id
+from kuscale.backends.vgpu import PooledGpus, client_directory
 
 READY = 19920718
 MAX_DEVICES = 16
@@ -109,7 +108,7 @@ class _Meter:
     at: float
 
 
-class HamiLayer:
+class HamiLayer(PooledGpus):
     """A `GpuBackend` that measures and never writes. Clients are `<pod UID>_<container>`
     directories under `root`; HAMi shares the node's GPUs as one pool here (its regions name
     devices as each container sees them, not the node's order)."""
@@ -122,23 +121,7 @@ class HamiLayer:
         self._meters: dict[str, _Meter] = {}
 
     def _directory(self, client: str) -> str:
-        try:
-            validate_vgpu_id(client)
-        except InvalidSpec as err:
-            raise BackendError(str(err)) from err
-        return confine(self.root, client)
-
-    def capacity(self) -> float:
-        return 100.0 * self.gpus
-
-    def devices(self) -> tuple[float, ...]:
-        return (self.capacity(),)
-
-    def device_of(self, vgpu_id: str) -> int:
-        return 0
-
-    def track(self, vgpu_id: str, cgroup: str) -> None:
-        """HAMi counts use per container itself."""
+        return client_directory(self.root, client)
 
     def exists(self, vgpu_id: str) -> bool:
         return os.path.isdir(self._directory(vgpu_id))

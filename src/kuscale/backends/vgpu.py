@@ -31,8 +31,37 @@ def limit_to_per_mille(limit: float | None, gpus: int) -> int:
     return max(1, round(limit * 10.0))
 
 
-class VgpuLayer:
-    """GPU backend over the vGPU directory layout, rooted at a configurable directory."""
+def client_directory(root: Path, vgpu_id: str) -> str:
+    """A client's directory under a layer's root, its id checked first."""
+    try:
+        validate_vgpu_id(vgpu_id)
+    except ValueError as err:
+        raise BackendError(str(err)) from err
+    return confine(root, vgpu_id)
+
+
+class PooledGpus:
+    """A layer that schedules the node's GPUs as one pool and accounts each client's use
+    itself: one device of them all, no process to follow."""
+
+    gpus: int
+
+    def capacity(self) -> float:
+        return 100.0 * self.gpus
+
+    def devices(self) -> tuple[float, ...]:
+        return (self.capacity(),)
+
+    def device_of(self, vgpu_id: str) -> int:
+        return 0
+
+    def track(self, vgpu_id: str, cgroup: str) -> None:
+        """Nothing to follow: the layer counts use per client."""
+
+
+class VgpuLayer(PooledGpus):
+    """GPU backend over the vGPU directory layout, rooted at a configurable directory. The
+    kernel module's scheduler pools the node's GPUs."""
 
     mode = "vgpu"
 
@@ -41,29 +70,12 @@ class VgpuLayer:
         self.gpus = gpus
         self._dirty = False
 
-    def capacity(self) -> float:
-        return 100.0 * self.gpus
-
-    def devices(self) -> tuple[float, ...]:
-        """The kernel module's scheduler pools the node's GPUs: one device of them all."""
-        return (self.capacity(),)
-
-    def device_of(self, vgpu_id: str) -> int:
-        return 0
-
-    def track(self, vgpu_id: str, cgroup: str) -> None:
-        """The module accounts busy time per vGPU itself."""
-
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """The module takes per-mille: within a twentieth of a point of `limit`."""
         return limit
 
     def _dir(self, vgpu_id: str) -> Path:
-        try:
-            validate_vgpu_id(vgpu_id)
-        except ValueError as err:
-            raise BackendError(str(err)) from err
-        return Path(confine(self.root, vgpu_id))
+        return Path(client_directory(self.root, vgpu_id))
 
     def exists(self, vgpu_id: str) -> bool:
         return self._dir(vgpu_id).is_dir()

@@ -18,14 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kuscale.backends.files import confine
-from kuscale.backends.gemini import (
-    ClientLine,
-    parse_config,
-    render_config,
-    rewrite_in_place,
-    validate_client_name,
-)
+from kuscale.backends.gemini import GeminiLayer, render_config
 
 SCHEDULER = "gem-schd"
 POD_MANAGER = "gem-pmgr"
@@ -66,7 +59,6 @@ class GeminiRuntime:
     """Each device's scheduler port."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """Everything started here, stopped or not."""
-    """Each client's pod manager, device and port."""
 
     def files(self) -> list[str]:
         return [str(device) for device in range(self.devices)]
@@ -109,17 +101,9 @@ class GeminiRuntime:
         manager waits for the scheduler's answer without first looking whether it came
         (`hook_kernel_launch` in Gemini's `src/pod-manager.cpp`), and once it sleeps
         through one answer it holds its client, and every later one, for good."""
-        validate_client_name(name)
         if not 0 <= device < len(self.schedulers):
             raise GeminiRuntimeError(f"no GPU {device} (this runtime has {self.devices})")
-        path = Path(confine(self.config_dir, self.files()[device]))
-        entries = [
-            entry
-            for entry in parse_config(path.read_text(encoding="latin-1"))
-            if not (isinstance(entry, ClientLine) and entry.name == name)
-        ]
-        entries.append(ClientLine(name, 0.0, limit / 100.0, memory))
-        rewrite_in_place(str(path), render_config(entries))
+        GeminiLayer(self.config_dir, self.files(), None).place(name, memory, device, limit)
         # A pod manager that asks before the reload is told "Unknown client" and retries
         # only ten seconds later.
         self._wait_logged(f"{SCHEDULER}-{self.files()[device]}", f" {name} request: ")
