@@ -39,6 +39,9 @@ TIMEOUT_ENV = "KUSCALE_VM_TIMEOUT"
 # stress-ng (the software emulation needs the host's CPUs); past this the VM is killed and
 # every test it owed fails with what it printed.
 DEFAULT_TIMEOUT_S = 900.0
+BOOTED = "kuscale-v2-guest: booted, starting pytest"
+"""What the guest prints once its kernel and init are up: a timeout without it never booted."""
+TAIL_CHARS = 6000
 INSTALL_HINT = (
     "run `make test` as root, or `apt-get install qemu-system-x86 linux-image-amd64 busybox-static`"
 )
@@ -127,41 +130,63 @@ def run_guest(nodeids: list[str], rootdir: Path) -> GuestRun:
     bindir = Path(sys.executable).parent
     timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kuscale-v2-guest-") as shared:
-        report = Path(shared) / "report.json"
-        inner = " ".join(
-            [
-                f"cd {shlex.quote(str(rootdir))} &&",
-                f"{REPORT_ENV}={shlex.quote(str(report))} PYTHONDONTWRITEBYTECODE=1",
-                shlex.quote(sys.executable),
-                "-m pytest -q -p no:cacheprovider",
-                *(shlex.quote(nodeid) for nodeid in nodeids),
-            ]
-        )
-        command = [
-            str(bindir / "vng"),
-            "--run",
-            str(kernel),
-            "--disable-kvm",
-            "--force-9p",
-            "--cpus",
-            "2",
-            "--memory",
-            "2G",
-            f"--rwdir={shared}",
-            "--exec",
-            inner,
-        ]
+    with tempfile.TemporaryDirectory(prefix="kuscale-v2-guest-") as directory:
+        shared = Path(directory)
+        report = shared / "report.json"
+        script = shared / "run.sh"
+        script.write_text(guest_script(nodeids, rootdir, report))
+        command = guest_command(bindir / "vng", kernel, shared, script)
         env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         printed, error = _boot(command, env, timeout)
         results = _read_report(report)
-    tail = printed[-4000:]
+    stage = "pytest had started" if BOOTED in printed else "it never reached pytest"
     return GuestRun(
         results=results,
-        error=f"{error} (kernel {kernel.name}); it printed:\n{tail}",
+        error=f"{error} (kernel {kernel.name}; {stage}); the end of what it printed:\n"
+        f"{printed[-TAIL_CHARS:]}",
         seconds=time.monotonic() - started,
         kernel=kernel.name,
     )
+
+
+def guest_script(nodeids: list[str], rootdir: Path, report: Path) -> str:
+    """What the guest runs: pytest on `nodeids` in this checkout, unbuffered and verbose so
+    that a guest killed part way shows how far it got."""
+    pytest_command = " ".join(
+        [
+            shlex.quote(sys.executable),
+            "-u -m pytest -v -p no:cacheprovider",
+            *(shlex.quote(nodeid) for nodeid in nodeids),
+        ]
+    )
+    return (
+        f"echo {shlex.quote(BOOTED)}\n"
+        f"cd {shlex.quote(str(rootdir))} || exit 1\n"
+        f"export {REPORT_ENV}={shlex.quote(str(report))} PYTHONDONTWRITEBYTECODE=1\n"
+        f"exec {pytest_command}\n"
+    )
+
+
+def guest_command(vng: Path, kernel: Path, shared: Path, script: Path) -> list[str]:
+    """The vng command line. The script goes through the shared directory, never on the
+    command line: virtme-ng hands `--exec` to the guest on the kernel's command line, and
+    past its 2048 bytes Debian's kernel stops at boot in a fortified strlen (seen when the
+    checkout's path made nine node ids long enough)."""
+    return [
+        str(vng),
+        "--run",
+        str(kernel),
+        "--disable-kvm",
+        "--force-9p",
+        "--verbose",
+        "--cpus",
+        "2",
+        "--memory",
+        "2G",
+        f"--rwdir={shared}",
+        "--exec",
+        f"sh {shlex.quote(str(script))}",
+    ]
 
 
 def _boot(command: list[str], env: dict[str, str], timeout: float) -> tuple[str, str]:
@@ -180,9 +205,28 @@ def _boot(command: list[str], env: dict[str, str], timeout: float) -> tuple[str,
         printed, _ = guest.communicate(timeout=timeout)
         return printed, f"the guest exited with status {guest.returncode} without reporting"
     except subprocess.TimeoutExpired:
+        host = _host_load()
         os.killpg(guest.pid, signal.SIGKILL)
         printed, _ = guest.communicate()
-        return printed, f"the guest was killed after {timeout:.0f} s ({TIMEOUT_ENV})"
+        return printed, f"the guest was killed after {timeout:.0f} s ({TIMEOUT_ENV}); {host}"
+
+
+def _host_load() -> str:
+    """The host's load and busiest processes when the guest ran out of time: software
+    emulation runs only as fast as the host's free CPU lets it."""
+    busiest = subprocess.run(
+        ["ps", "-eo", "pcpu,etimes,args", "--sort=-pcpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.splitlines()[:6]
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    return (
+        "the host's load average was "
+        + load
+        + ", its busiest processes:\n"
+        + "\n".join(line[:160] for line in busiest)
+    )
 
 
 def _read_report(path: Path) -> dict[str, GuestResult]:
