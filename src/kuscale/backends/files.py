@@ -56,12 +56,24 @@ def write_text(path: str | Path, value: str) -> None:
         os.close(fd)
 
 
+MAX_COUNTER = 2**63 - 1
+"""The kernel keeps counters as u64, but none gets past 2^63 (292 years of nanoseconds): a
+larger one is garbage, and the monitor keeps counters in int64 arrays."""
+
+
+def _counter(digits: str, what: str) -> int:
+    value = int(digits)
+    if value > MAX_COUNTER:
+        raise CounterError(f"{what} is {digits[:40]}, past any counter the kernel keeps")
+    return value
+
+
 def parse_int(text: str, path: str | Path) -> int:
     """A counter: one non-negative integer."""
     value = text.strip()
     if not value.isdigit():
         raise CounterError(f"{path} holds {value[:40]!r}, not a counter")
-    return int(value)
+    return _counter(value, str(path))
 
 
 def parse_keyed(text: str, path: str | Path) -> dict[str, int]:
@@ -70,7 +82,10 @@ def parse_keyed(text: str, path: str | Path) -> dict[str, int]:
     values = fields[1::2]
     if len(fields) % 2 or not all(map(str.isdigit, values)):
         raise CounterError(f"{path} is not `key value` lines: {text[:60]!r}")
-    return dict(zip(fields[::2], map(int, values), strict=True))
+    counters = dict(zip(fields[::2], map(int, values), strict=True))
+    if counters and max(counters.values()) > MAX_COUNTER:
+        raise CounterError(f"{path} holds a value past any counter the kernel keeps")
+    return counters
 
 
 def parse_key(text: str, key: str, path: str | Path) -> int:
@@ -87,7 +102,7 @@ def parse_key(text: str, key: str, path: str | Path) -> int:
     value = text[start:] if end < 0 else text[start:end]
     if not value.isdigit():
         raise CounterError(f"{path}: {key} is {value[:40]!r}, not a counter")
-    return int(value)
+    return _counter(value, f"{path}: {key}")
 
 
 class DescriptorCache:
