@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from kuscale.backends.base import CounterError
+from kuscale.backends.batch import EachCgroup
 from kuscale.config import AgentConfig
 from kuscale.model import CpuCounters, PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded, PodRemoved, Stop
@@ -107,6 +109,10 @@ class FlakyCpu(SimCpu):
         if cgroup == "rewound" and self.rewind:
             return replace(counters, usage_ns=0)
         return counters
+
+    def cgroup_set(self, cgroups: Sequence[str]) -> EachCgroup:
+        """Read one cgroup at a time, through the flaky `read`."""
+        return EachCgroup(self, cgroups)
 
 
 def test_failures_on_one_pod_are_counted_and_never_stop_the_others() -> None:

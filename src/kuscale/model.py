@@ -1,16 +1,15 @@
-"""Plain data: pods, their resources, samples and the registry that holds them.
+"""Plain data: what a pod is (its spec), what it had before kuscale, and its counters.
 
 Amounts are percent of one unit (CPU 100 = one core, GPU 100 = one whole GPU's time), as in
-the original KuScale. Nothing here touches a file, a clock or a thread: the monitor is the
-only owner of these objects and mutates them from its own thread.
+the original KuScale. Nothing here touches a file, a clock or a thread, and nothing here
+changes: the state of managed pods is the monitor's (`kuscale.monitor`).
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Resource(enum.IntEnum):
@@ -40,10 +39,6 @@ SHARES_PER_100_TOKENS = 1024
 def shares_for_tokens(tokens: int) -> int:
     """cpu.shares in proportion to tokens, inside the kernel's range."""
     return min(max(round(tokens * SHARES_PER_100_TOKENS / 100), MIN_SHARES), MAX_SHARES)
-
-
-DEFAULT_WINDOW = 15
-"""Samples of usage history kept per resource: a bounded window, never a growing list."""
 
 
 class PodStatus(enum.StrEnum):
@@ -177,79 +172,3 @@ class CpuCounters:
     nr_periods: int = 0
     nr_throttled: int = 0
     throttled_ns: int = 0
-
-
-@dataclass(slots=True)
-class ResourceState:
-    """One resource of one pod: the original's ResourceInfo, plus the demand estimate."""
-
-    price: float
-    limit: float = INITIAL_LIMIT
-    usage: float = 0.0
-    avg_usage: float = 0.0
-    weight: float = 0.0
-    demand: float = 0.0
-    spread: float = 0.0
-    """EWMA of |usage − last usage|: how much the pod's usage wanders tick to tick."""
-    starved: bool = False
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=DEFAULT_WINDOW))
-    restore_limit: float | None = None
-    """The GPU's limit before kuscale first changed it (None = unlimited); the CPU's is in
-    the pod's `held`, with its containers'."""
-    changed: bool = False
-
-
-@dataclass(slots=True)
-class PodState:
-    """A pod the monitor manages: the original's PodInfo."""
-
-    spec: PodSpec
-    resources: dict[Resource, ResourceState]
-    status: PodStatus = PodStatus.INITIALIZING
-    token_queue: float = 0.0
-    updated_count: int = 0
-    last_update: float | None = None
-    """Monotonic seconds of the sample the next usage is measured from."""
-    cpu_baseline: CpuCounters | None = None
-    gpu_baseline: int | None = None
-    gpu_device: int = 0
-    """The GPU its client runs on, as the GPU layer says."""
-    held: Held | None = None
-    """What the CPU actuator found when it took the pod over, to give back."""
-    original: Original | None = None
-    """Everything the pod had before kuscale, as recorded before the first change."""
-    restore_shares: int | None = None
-    """cpu.shares before kuscale set them from tokens (None: not changed)."""
-    throttle_mark: int = 0
-    """nr_throttled as the last tick or watch pass saw it."""
-    raised_mark: int | None = None
-    """nr_throttled when the watch last raised the pod's limit: throttling before it was
-    answered already, so the next tick does not count it as starvation."""
-    reason: str = ""
-    key: str = field(init=False)
-    """`namespace/name`, kept rather than formatted: every tick reads it for every pod."""
-
-    def __post_init__(self) -> None:
-        self.key = self.spec.key
-
-    def uses(self, resource: Resource) -> bool:
-        return resource in self.resources
-
-
-@dataclass(slots=True)
-class Registry:
-    """Running and completed pods, keyed by namespace/name. Owned by the monitor's thread."""
-
-    running: dict[str, PodState] = field(default_factory=dict)
-    completed: dict[str, PodState] = field(default_factory=dict)
-    completed_limit: int = 1000
-
-    def complete(self, key: str, status: PodStatus = PodStatus.COMPLETED, reason: str = "") -> None:
-        pod = self.running.pop(key, None)
-        if pod is None:
-            return
-        pod.status = status
-        pod.reason = reason
-        self.completed[key] = pod
-        while len(self.completed) > self.completed_limit:
-            del self.completed[next(iter(self.completed))]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
+from kuscale.backends.batch import CgroupSet
 from kuscale.model import Held, PodSpec
 
 
@@ -24,6 +26,12 @@ class CpuActuator(Protocol):
     def quantize(self, held: Held, limit: float) -> float:
         """The limit the pod would hold if asked for `limit` (percent): rounding and the
         API's rules may make it differ, and the pod is charged for what it holds."""
+        ...
+
+    def cgroup_set(self, cgroups: Sequence[str]) -> CgroupSet | None:
+        """Where a pod's limit is its own cgroup's quota, held exactly as asked: a writer for
+        many pods' cgroups at once, and the monitor quantizes nothing. None where each pod
+        is written (and quantized) on its own."""
         ...
 
     def write(self, spec: PodSpec, held: Held, limit: float) -> None:

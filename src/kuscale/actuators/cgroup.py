@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend
+from kuscale.backends.batch import CgroupSet, cgroup_set
 from kuscale.model import ContainerLimit, Held, PodSpec
 
 
@@ -40,6 +41,9 @@ class CgroupActuator:
 
     def quantize(self, held: Held, limit: float) -> float:
         return limit
+
+    def cgroup_set(self, cgroups: Sequence[str]) -> CgroupSet:
+        return cgroup_set(self.cgroups, cgroups)
 
     def write(self, spec: PodSpec, held: Held, limit: float) -> None:
         self.cgroups.write_limit(spec.cgroup, limit)

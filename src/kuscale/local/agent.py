@@ -14,8 +14,7 @@ from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig
 from kuscale.local.discovery import LocalDiscovery
 from kuscale.local.statedir import StateDir
-from kuscale.model import PodState
-from kuscale.monitor import Monitor
+from kuscale.monitor import Monitor, PodState
 from kuscale.originals import OriginalsRecord
 
 log = logging.getLogger("kuscale.local")

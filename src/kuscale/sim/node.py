@@ -13,14 +13,15 @@ from one function of time that returns every row's demand at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kuscale.backends.base import CgroupGone
+from kuscale.backends.batch import CgroupSet, CounterArrays, Failures
 from kuscale.model import CpuCounters, Resource
-from kuscale.policy.base import FloatArray
+from kuscale.policy.base import BoolArray, FloatArray, IntArray
 from kuscale.policy.waterfill import water_fill
 from kuscale.workload import Schedule
 
@@ -66,10 +67,6 @@ class SimNode:
         self.nr_periods = np.zeros(0, dtype=np.int64)
         self.nr_throttled = np.zeros(0, dtype=np.int64)
         self.throttled_ns = np.zeros(0)
-        self._counters: list[CpuCounters] = []
-        self._gpu_busy: list[int] = []
-        self._present: list[bool] = []
-        self._ends: list[float] = []
 
     def add(self, name: str, pod: SimPod) -> None:
         self.add_rows([name], np.array([pod.start]), np.array([pod.end]), [pod.device])
@@ -99,23 +96,6 @@ class SimNode:
         self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
         self.nr_throttled = np.concatenate([self.nr_throttled, np.zeros(rows, dtype=np.int64)])
         self.throttled_ns = np.concatenate([self.throttled_ns, np.zeros(rows)])
-        self._refresh()
-
-    def _refresh(self) -> None:
-        """Counters as Python objects, built once per step: the backends read them per pod."""
-        self._counters = [
-            CpuCounters(int(busy), periods, throttled, int(late))
-            for busy, periods, throttled, late in zip(
-                self.busy_ns[:, 0].tolist(),
-                self.nr_periods.tolist(),
-                self.nr_throttled.tolist(),
-                self.throttled_ns.tolist(),
-                strict=True,
-            )
-        ]
-        self._gpu_busy = [int(v) for v in self.busy_ns[:, 1].tolist()]
-        self._present = ((self.start <= self.now) & ~self.removed).tolist()
-        self._ends = self.end.tolist()
 
     def live(self) -> np.ndarray:
         return (self.start <= self.now) & (self.now < self.end) & ~self.removed
@@ -158,32 +138,41 @@ class SimNode:
         excess = self.demand[over, 0] - self.limit[over, 0]
         self.throttled_ns[over] += excess / 100.0 * seconds * NS
         self.now = until
-        self._refresh()
+
+    def present_rows(self, rows: IntArray) -> BoolArray:
+        """Which rows' cgroups exist now (a row of -1 never does)."""
+        known = rows >= 0
+        safe = np.where(known, rows, 0)
+        return known & (self.start[safe] <= self.now) & ~self.removed[safe]
 
     def row(self, name: str) -> int:
-        row = self.index.get(name)
-        if row is None or not self._present[row]:
+        row = self.index.get(name, -1)
+        if not self.present_rows(np.array([row]))[0]:
             raise CgroupGone(f"simulated pod {name!r} is gone")
         return row
 
     def present(self, name: str) -> bool:
-        row = self.index.get(name)
-        return row is not None and self._present[row]
+        return bool(self.present_rows(np.array([self.index.get(name, -1)]))[0])
 
     def ended(self, name: str) -> bool:
-        return self.now >= self._ends[self.row(name)]
+        return self.now >= float(self.end[self.row(name)])
 
     def counters(self, name: str) -> CpuCounters:
-        return self._counters[self.row(name)]
+        row = self.row(name)
+        return CpuCounters(
+            int(self.busy_ns[row, 0]),
+            int(self.nr_periods[row]),
+            int(self.nr_throttled[row]),
+            int(self.throttled_ns[row]),
+        )
 
     def gpu_busy(self, name: str) -> int:
-        return self._gpu_busy[self.row(name)]
+        return int(self.busy_ns[self.row(name), 1])
 
     def remove(self, name: str) -> None:
         row = self.index.get(name)
         if row is not None:
             self.removed[row] = True
-            self._present[row] = False
 
 
 def _limit(value: float) -> float | None:
@@ -213,6 +202,9 @@ class SimCpu:
     def read_throttled(self, cgroup: str) -> int:
         return self.node.counters(cgroup).nr_throttled
 
+    def cgroup_set(self, cgroups: Sequence[str]) -> CgroupSet:
+        return SimCgroups(self.node, cgroups)
+
     def read_limit(self, cgroup: str) -> float | None:
         return _limit(self.node.limit[self.node.row(cgroup), 0])
 
@@ -230,6 +222,49 @@ class SimCpu:
 
     def forget(self, cgroup: str) -> None:
         """A simulated cgroup keeps nothing open."""
+
+
+class SimCgroups:
+    """Many simulated cgroups read and written at once, straight from the node's arrays."""
+
+    def __init__(self, node: SimNode, cgroups: Sequence[str]) -> None:
+        self.node = node
+        self.names = list(cgroups)
+        self.rows = np.array([node.index.get(name, -1) for name in cgroups], dtype=np.int64)
+
+    def _present(self, which: Sequence[int]) -> tuple[IntArray, Failures]:
+        rows = self.rows[list(which)]
+        gone = np.flatnonzero(~self.node.present_rows(rows))
+        failed: Failures = {
+            int(i): CgroupGone(f"simulated pod {self.names[which[i]]!r} is gone")
+            for i in gone.tolist()
+        }
+        return np.where(rows >= 0, rows, 0), failed
+
+    def read(self, which: Sequence[int]) -> CounterArrays:
+        rows, failed = self._present(which)
+        node = self.node
+        return CounterArrays(
+            node.busy_ns[rows, 0].astype(np.int64),
+            node.nr_periods[rows],
+            node.nr_throttled[rows],
+            failed,
+        )
+
+    def read_throttled(self, which: Sequence[int]) -> tuple[IntArray, Failures]:
+        rows, failed = self._present(which)
+        return self.node.nr_throttled[rows], failed
+
+    def empty(self, which: Sequence[int]) -> tuple[BoolArray, Failures]:
+        rows, failed = self._present(which)
+        return self.node.now >= self.node.end[rows], failed
+
+    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+        rows, failed = self._present(which)
+        keep = np.ones(len(rows), dtype=np.bool_)
+        keep[list(failed)] = False
+        self.node.limit[rows[keep], 0] = np.asarray(limits, dtype=np.float64)[keep]
+        return failed
 
 
 class SimGpu:

@@ -1,0 +1,220 @@
+"""The loop: sample → decide → actuate → export, once per period, and the watch between.
+
+The monitor is the one owner of all mutable pod state: the table of numbers and the registry
+of pods. Other threads only queue events, which the loop handles between ticks. A failure on
+one pod is logged, counted and skipped; it never stops the others or the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kuscale.actuators.base import CpuActuator
+from kuscale.actuators.cgroup import CgroupActuator
+from kuscale.backends.base import CpuBackend, GpuBackend
+from kuscale.config import AgentConfig
+from kuscale.model import RESOURCES
+from kuscale.monitor.actuating import Actuation
+from kuscale.monitor.deciding import Decider
+from kuscale.monitor.events import Event, PodAdded, Stop, TickStats
+from kuscale.monitor.exporting import snapshot
+from kuscale.monitor.lifecycle import Lifecycle
+from kuscale.monitor.pods import PodState, Registry
+from kuscale.monitor.sampling import Sampler
+from kuscale.monitor.table import PodTable
+from kuscale.monitor.watching import Watch
+from kuscale.originals import OriginalsRecord
+from kuscale.policy import Policy, make_policy
+
+
+class Monitor:
+    """Owns the registry and the table, and runs the rule over every running pod each
+    period; each step is one of the parts it is built from."""
+
+    def __init__(
+        self,
+        cpu: CpuBackend,
+        gpu: GpuBackend | None,
+        config: AgentConfig,
+        policy: Policy | None = None,
+        on_tick: Callable[[dict[str, Any]], None] | None = None,
+        on_completed: Callable[[PodState], None] | None = None,
+        actuator: CpuActuator | None = None,
+        originals: OriginalsRecord | None = None,
+    ) -> None:
+        self.cpu = cpu
+        self.gpu = gpu
+        self.actuator = actuator or CgroupActuator(cpu)
+        self.config = config
+        self.policy = policy or make_policy(config.policy, config.policy_config)
+        self.registry = Registry()
+        self.table = PodTable(config.window)
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.stats = TickStats()
+        self.on_tick = on_tick
+        self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
+        """The node's totals per resource."""
+        self.device_capacity = np.array(gpu.devices() if gpu else (), dtype=np.float64)
+        """Each GPU device's capacity: a pod's GPU share lives on one device."""
+        reach = np.array([self.capacity[0], self.device_capacity.max(initial=0.0)])
+        """The most one pod can hold per resource: the node's CPU, one device's GPU."""
+        weighted = np.array([config.kernel_shares and not config.monitor_only, False])
+        self.actuation = Actuation(
+            self.table, cpu, gpu, self.actuator, config, self.stats, ceilings=reach
+        )
+        self.lifecycle = Lifecycle(
+            self.table,
+            self.registry,
+            cpu,
+            gpu,
+            self.actuator,
+            self.actuation,
+            config,
+            self.policy,
+            self.stats,
+            originals,
+            on_completed,
+            reach,
+            self.device_capacity,
+        )
+        pinned_at = 1.0 - config.policy_config.pin_tolerance
+        self.sampler = Sampler(
+            self.table,
+            self.registry,
+            cpu,
+            gpu,
+            self.actuator,
+            self.lifecycle,
+            self.stats,
+            reach,
+            pinned_at,
+        )
+        self.decider = Decider(
+            self.table, self.policy, config, reach, weighted, self.device_capacity
+        )
+        self.watcher = Watch(
+            self.table,
+            self.registry,
+            self.sampler,
+            self.actuation,
+            self.policy,
+            self.stats,
+            config.period,
+            reach,
+            weighted,
+        )
+        self._stopping = False
+
+    # Events: the only way in from other threads.
+
+    def submit(self, event: Event) -> None:
+        """Thread-safe: queue an event for the loop thread."""
+        self.events.put(event)
+
+    def _handle(self, event: Event, now: float) -> None:
+        if isinstance(event, Stop):
+            self._stopping = True
+        elif isinstance(event, PodAdded):
+            self.lifecycle.offer(event.spec, now)
+        elif event.key in self.registry.running:
+            self.lifecycle.withdraw(self.registry.running[event.key], "removed by its source")
+
+    def _drain(self, now: float) -> None:
+        while True:
+            try:
+                self._handle(self.events.get_nowait(), now)
+            except queue.Empty:
+                return
+
+    # The tick and the watch.
+
+    def tick(self, now: float) -> None:
+        """One pass over every running pod; the snapshot is built only for a listener."""
+        started = time.perf_counter()
+        self._drain(now)
+        sample = self.sampler.sample(now)
+        if sample.pods:
+            decision = self.decider.decide(sample)
+            self.actuation.write_decided(
+                sample.pods, sample.rows, decision.limits, sample.writer, sample.positions
+            )
+        self.lifecycle.settle_record(now)
+        self.actuation.commit()
+        self.stats.ticks += 1
+        self.stats.last_tick = now
+        self.stats.last_duration = time.perf_counter() - started
+        if self.on_tick:
+            self.on_tick(self.snapshot())
+
+    def watch(self, now: float) -> None:
+        """The fast path between ticks (see `Watch`); a monitor-only agent changes nothing."""
+        if not self.config.monitor_only:
+            self.watcher.look()
+
+    # Running and stopping.
+
+    def run(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Tick every period until a Stop event; then restore what was changed."""
+        next_tick = clock()
+        try:
+            while not self._stopping:
+                self.tick(clock())
+                next_tick += self.config.period
+                delay = next_tick - clock()
+                if delay < 0:
+                    next_tick = clock()
+                    delay = 0.0
+                self._wait(delay, clock)
+        finally:
+            self.restore()
+
+    def _wait(self, delay: float, clock: Callable[[], float]) -> None:
+        """Sleep until the next tick, handling events as they come (a Stop ends the wait)
+        and running the watch every `watch_interval`."""
+        deadline = clock() + delay
+        interval = self.config.watch_interval
+        next_watch = clock() + interval if interval > 0 else math.inf
+        while not self._stopping:
+            now = clock()
+            if now >= deadline:
+                return
+            if now >= next_watch:
+                self.watch(now)
+                next_watch = now + interval
+            try:
+                event = self.events.get(timeout=max(min(deadline, next_watch) - clock(), 0.0))
+            except queue.Empty:
+                continue
+            self._handle(event, clock())
+
+    def restore(self) -> None:
+        """Put back every limit kuscale changed, so no workload stays throttled behind it."""
+        self.lifecycle.restore_all()
+
+    # Export.
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready view of every pod, for `kuscale status`, the demo and exporters."""
+        head = {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "mode": self.cpu.mode,
+            "actuator": self.actuator.mode,
+            "gpu_mode": self.gpu.mode if self.gpu else None,
+            "policy": self.policy.name,
+            "period": self.config.period,
+            "monitor_only": self.config.monitor_only,
+            "capacity": {r.label: float(self.capacity[r]) for r in RESOURCES},
+            "ticks": self.stats.ticks,
+            "fast_raises": self.stats.fast_raises,
+            "tick_seconds": self.stats.last_duration,
+            "errors": dict(self.stats.errors),
+        }
+        return snapshot(head, self.registry, self.table, self.device_capacity)

@@ -1,0 +1,252 @@
+"""Each tick's measurement: every ready pod's counters read into arrays, turned into usage,
+starvation and throttling over the interval since its last sample.
+
+A pod whose counters cannot be read, or went backwards, is left out of this tick (and a
+gone cgroup completes its pod); the others are measured as one array.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from kuscale.actuators.base import CpuActuator
+from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
+from kuscale.backends.batch import CgroupSet, Failures, cgroup_set
+from kuscale.model import PodStatus, Resource
+from kuscale.monitor.events import TickStats, count_error, pod_event
+from kuscale.monitor.lifecycle import Lifecycle
+from kuscale.monitor.pods import PodState, Registry
+from kuscale.monitor.table import NO_MARK, PodTable
+from kuscale.policy.base import BoolArray, FloatArray, IntArray
+
+CPU, GPU = Resource.CPU, Resource.GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Pods with a trustworthy sample this tick, in the order they arrived."""
+
+    pods: list[PodState]
+    rows: IntArray
+    positions: IntArray
+    """Each pod's place among the ready pods, and in `writer`."""
+    writer: CgroupSet | None
+    elapsed: FloatArray
+    usage: FloatArray
+    starved: BoolArray
+    throttled: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The running pods that were ready when the membership last changed, gathered once."""
+
+    membership: int
+    pods: list[PodState]
+    rows: IntArray
+    owned: list[int]
+    """Positions of the pods whose cgroups kuscale made (they complete when empty)."""
+    counters: CgroupSet
+    writer: CgroupSet | None
+    """The actuator's writer for the same cgroups, where it writes them directly."""
+
+
+class Sampler:
+    def __init__(
+        self,
+        table: PodTable,
+        registry: Registry,
+        cpu: CpuBackend,
+        gpu: GpuBackend | None,
+        actuator: CpuActuator,
+        lifecycle: Lifecycle,
+        stats: TickStats,
+        ceilings: FloatArray,
+        pinned_at: float,
+    ) -> None:
+        self.table = table
+        self.registry = registry
+        self.cpu = cpu
+        self.gpu = gpu
+        self.actuator = actuator
+        self.lifecycle = lifecycle
+        self.stats = stats
+        self.ceilings = ceilings
+        self.pinned_at = pinned_at
+        """Usage at this share of the limit counts as starved where nothing counts throttling."""
+        self._ready: Ready | None = None
+
+    def ready(self) -> Ready:
+        """The running, ready pods, gathered again only after the membership changed."""
+        membership = self.lifecycle.membership
+        if self._ready is None or self._ready.membership != membership:
+            pods = [p for p in self.registry.running.values() if p.status is PodStatus.RUNNING]
+            cgroups = [p.spec.cgroup for p in pods]
+            self._ready = Ready(
+                membership=membership,
+                pods=pods,
+                rows=np.array([p.row for p in pods], dtype=np.int64),
+                owned=[i for i, p in enumerate(pods) if p.spec.owned],
+                counters=cgroup_set(self.cpu, cgroups),
+                writer=self.actuator.cgroup_set(cgroups),
+            )
+        return self._ready
+
+    def sample(self, now: float) -> Sample:
+        """Start the pods not ready yet, complete the owned ones left empty, and measure the
+        rest of the pods that were ready as the tick began."""
+        ready = self.ready()
+        self._start_waiting(now)
+        alive = np.ones(len(ready.pods), dtype=np.bool_)
+        if ready.owned:
+            empty, failed = ready.counters.empty(ready.owned)
+            self._fail(ready, ready.owned, failed, alive)
+            for i, index in enumerate(ready.owned):
+                if empty[i] and alive[index]:
+                    self.lifecycle.complete(ready.pods[index], "its last process exited")
+                    alive[index] = False
+        which = np.flatnonzero(alive).tolist()
+        counters = ready.counters.read(which)
+        self._fail(ready, which, counters.failed, alive)
+        gpu_busy = self._read_gpus(ready, which, alive)
+        read = alive[which]
+        at = np.array(which, dtype=np.int64)[read]
+        return self._measure(
+            [ready.pods[i] for i in at.tolist()],
+            ready.writer,
+            at,
+            ready.rows[at],
+            now,
+            counters.usage_ns[read],
+            counters.nr_periods[read],
+            counters.nr_throttled[read],
+            gpu_busy[read],
+        )
+
+    def _start_waiting(self, now: float) -> None:
+        for pod in list(self.registry.running.values()):
+            if pod.status is PodStatus.NOT_READY:
+                try:
+                    self.lifecycle.start(pod, now)
+                except BackendError as err:
+                    self.failed(pod, err)
+
+    def failed(self, pod: PodState, err: BackendError) -> None:
+        """One pod's read failed: refused when it cannot be managed, completed when its
+        cgroup is gone, else counted and tried again next tick."""
+        if isinstance(err, Unmanageable):
+            self.lifecycle.refuse(pod, str(err))
+        elif isinstance(err, CgroupGone):
+            if pod.status is PodStatus.NOT_READY and not pod.spec.owned:
+                pod.reason = str(err)
+            else:
+                self.lifecycle.complete(pod, f"its cgroup is gone ({err})")
+        else:
+            count_error(self.stats, pod.spec, err)
+
+    def _fail(self, ready: Ready, which: list[int], failed: Failures, alive: BoolArray) -> None:
+        for i, err in failed.items():
+            index = which[i]
+            if alive[index]:
+                alive[index] = False
+                self.failed(ready.pods[index], err)
+
+    def _read_gpus(self, ready: Ready, which: list[int], alive: BoolArray) -> IntArray:
+        """Busy nanoseconds of the pods that use a GPU, 0 for the others."""
+        busy = np.zeros(len(which), dtype=np.int64)
+        if self.gpu is None:
+            return busy
+        for i, index in enumerate(which):
+            vgpu_id = ready.pods[index].spec.vgpu_id
+            if vgpu_id is None or not alive[index]:
+                continue
+            try:
+                busy[i] = self.gpu.read(vgpu_id)
+            except BackendError as err:
+                alive[index] = False
+                self.failed(ready.pods[index], err)
+        return busy
+
+    def _measure(
+        self,
+        pods: list[PodState],
+        writer: CgroupSet | None,
+        positions: IntArray,
+        rows: IntArray,
+        now: float,
+        usage_ns: IntArray,
+        nr_periods: IntArray,
+        nr_throttled: IntArray,
+        gpu_busy: IntArray,
+    ) -> Sample:
+        """Usage since each pod's baseline, which becomes this reading; pods without a
+        baseline, or whose counters went backwards, are left out."""
+        c = self.table.columns
+        gpu = c.uses[rows, GPU]
+        previous_usage, previous_busy = c.cpu_usage_ns[rows], c.gpu_busy_ns[rows]
+        previous_periods, previous_throttled = c.nr_periods[rows], c.nr_throttled[rows]
+        last_update, had_baseline = c.last_update[rows], c.has_baseline[rows]
+        c.cpu_usage_ns[rows], c.nr_periods[rows], c.nr_throttled[rows] = (
+            usage_ns,
+            nr_periods,
+            nr_throttled,
+        )
+        c.gpu_busy_ns[rows] = np.where(gpu, gpu_busy, 0)
+        c.has_baseline[rows] = True
+        c.last_update[rows] = now
+        elapsed = now - np.where(np.isnan(last_update), now, last_update)
+        timed = had_baseline & (elapsed > 0)
+        backwards = timed & ((usage_ns < previous_usage) | (gpu & (gpu_busy < previous_busy)))
+        for i in np.flatnonzero(backwards).tolist():
+            self.stats.errors["backwards"] += 1
+            pod_event(
+                pods[i].spec,
+                logging.WARNING,
+                "counter_backwards",
+                "pod %s: a counter went backwards; taking a new baseline",
+            )
+        keep = np.flatnonzero(timed & ~backwards)
+        rows, elapsed, gpu = rows[keep], elapsed[keep], gpu[keep]
+        wall_ns = elapsed * 1e9
+        usage = np.zeros((keep.size, 2))
+        usage[:, CPU] = np.minimum(
+            (usage_ns[keep] - previous_usage[keep]) * 100.0 / wall_ns, self.ceilings[CPU]
+        )
+        busy = np.minimum(
+            (gpu_busy[keep] - previous_busy[keep]) * 100.0 / wall_ns, self.ceilings[GPU]
+        )
+        usage[:, GPU] = np.where(gpu, busy, 0.0)
+        periods = nr_periods[keep] - previous_periods[keep]
+        marks = c.raised_mark[rows]
+        answered = np.where(marks == NO_MARK, previous_throttled[keep], marks)
+        throttled_periods = nr_throttled[keep] - np.maximum(previous_throttled[keep], answered)
+        c.raised_mark[rows] = NO_MARK
+        c.throttle_mark[rows] = nr_throttled[keep]
+        starved = np.zeros((keep.size, 2), dtype=np.bool_)
+        throttled = np.zeros((keep.size, 2))
+        counted = periods > 0
+        throttled[:, CPU] = np.where(
+            counted,
+            np.minimum(np.maximum(throttled_periods / np.where(counted, periods, 1), 0.0), 1.0),
+            0.0,
+        )
+        # Where CFS counted periods its throttle count is the evidence; usage near the
+        # limit stands in only where nothing counts (a GPU): a budget that squeezed a
+        # limit just above usage is not a pod asking for more.
+        pinned = usage >= self.pinned_at * c.limit[rows]
+        starved[:, CPU] = (throttled_periods > 0) | (~counted & pinned[:, CPU])
+        starved[:, GPU] = gpu & pinned[:, GPU]
+        throttled[:, GPU] = np.where(starved[:, GPU], 1.0, 0.0)
+        return Sample(
+            pods=[pods[i] for i in keep.tolist()],
+            rows=rows,
+            positions=positions[keep],
+            writer=writer,
+            elapsed=elapsed,
+            usage=usage,
+            starved=starved,
+            throttled=throttled,
+        )
