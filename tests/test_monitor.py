@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kuscale.backends.base import CounterError
-from kuscale.backends.batch import EachCgroup
+from kuscale.backends.batch import OneAtATime, each_cgroup
 from kuscale.config import AgentConfig
 from kuscale.model import CpuCounters, PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded, PodRemoved, Stop
@@ -110,9 +110,9 @@ class FlakyCpu(SimCpu):
             return replace(counters, usage_ns=0)
         return counters
 
-    def cgroup_set(self, cgroups: Sequence[str]) -> EachCgroup:
+    def cgroup_set(self, cgroups: Sequence[str]) -> OneAtATime[str]:
         """Read one cgroup at a time, through the flaky `read`."""
-        return EachCgroup(self, cgroups)
+        return each_cgroup(self, cgroups)
 
 
 def test_failures_on_one_pod_are_counted_and_never_stop_the_others() -> None:

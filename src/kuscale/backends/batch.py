@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.model import CpuCounters
 
 Counts = NDArray[np.int64]
+Handle = TypeVar("Handle")
+T = TypeVar("T")
 Failures = dict[int, BackendError]
 """Position in the request → why that cgroup could not be read; its values are 0."""
 
@@ -57,63 +60,86 @@ class BatchCpuBackend(Protocol):
     def cgroup_set(self, cgroups: Sequence[str]) -> CgroupSet: ...
 
 
-class EachCgroup:
-    """Any backend's counters, read one cgroup at a time."""
+class OneAtATime(Generic[Handle]):
+    """A cgroup set answered one cgroup at a time, each through its handle: its name for any
+    backend, or what a backend resolved once for it. A handle that is an error (a name that
+    could not be resolved) fails alone, on every call."""
 
-    def __init__(self, backend: CpuBackend, cgroups: Sequence[str]) -> None:
-        self.backend = backend
+    def __init__(
+        self,
+        cgroups: Sequence[str],
+        handles: Sequence[Handle | BackendError],
+        read: Callable[[Handle], CpuCounters],
+        read_throttled: Callable[[Handle], int],
+        write_limit: Callable[[Handle, float], None],
+        is_empty: Callable[[str], bool],
+    ) -> None:
         self.cgroups = list(cgroups)
+        self.handles = list(handles)
+        self._read = read
+        self._read_throttled = read_throttled
+        self._write_limit = write_limit
+        self._is_empty = is_empty
+
+    def _each(
+        self, which: Sequence[int], call: Callable[[Handle, int], T], failure: T
+    ) -> tuple[list[T], Failures]:
+        """`call` on each handle picked, with its position in `which`; its answers,
+        `failure` where it failed."""
+        answers: list[T] = []
+        failed: Failures = {}
+        handles = self.handles
+        for i, index in enumerate(which):
+            handle = handles[index]
+            try:
+                if isinstance(handle, BackendError):
+                    raise handle
+                answers.append(call(handle, i))
+            except BackendError as err:
+                failed[i] = err
+                answers.append(failure)
+        return answers, failed
 
     def read(self, which: Sequence[int]) -> CounterArrays:
-        usage, periods, throttled = [0] * len(which), [0] * len(which), [0] * len(which)
-        failed: Failures = {}
-        read, cgroups = self.backend.read, self.cgroups
-        for i, index in enumerate(which):
-            try:
-                counters = read(cgroups[index])
-            except BackendError as err:
-                failed[i] = err
-                continue
-            usage[i], periods[i] = counters.usage_ns, counters.nr_periods
-            throttled[i] = counters.nr_throttled
-        return CounterArrays(counts(usage), counts(periods), counts(throttled), failed)
+        read = self._read
+        answers, failed = self._each(which, lambda handle, _: read(handle), CpuCounters(0))
+        return CounterArrays(
+            counts([c.usage_ns for c in answers]),
+            counts([c.nr_periods for c in answers]),
+            counts([c.nr_throttled for c in answers]),
+            failed,
+        )
 
     def read_throttled(self, which: Sequence[int]) -> tuple[Counts, Failures]:
-        values = [0] * len(which)
-        failed: Failures = {}
-        read, cgroups = self.backend.read_throttled, self.cgroups
-        for i, index in enumerate(which):
-            try:
-                values[i] = read(cgroups[index])
-            except BackendError as err:
-                failed[i] = err
-        return counts(values), failed
+        read = self._read_throttled
+        answers, failed = self._each(which, lambda handle, _: read(handle), 0)
+        return counts(answers), failed
 
     def empty(self, which: Sequence[int]) -> tuple[NDArray[np.bool_], Failures]:
-        return empty_each(self.backend.is_empty, self.cgroups, which)
-
-    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+        answers = np.zeros(len(which), dtype=np.bool_)
         failed: Failures = {}
-        for i, (index, limit) in enumerate(zip(which, limits, strict=True)):
+        for i, index in enumerate(which):
             try:
-                self.backend.write_limit(self.cgroups[index], limit)
+                answers[i] = self._is_empty(self.cgroups[index])
             except BackendError as err:
                 failed[i] = err
-        return failed
+        return answers, failed
+
+    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+        write = self._write_limit
+        return self._each(which, lambda handle, i: write(handle, limits[i]), None)[1]
 
 
-def empty_each(
-    is_empty: Callable[[str], bool], cgroups: Sequence[str], which: Sequence[int]
-) -> tuple[NDArray[np.bool_], Failures]:
-    """Whether each cgroup is empty, asked one at a time: the kernel keeps no counter of it."""
-    answers = np.zeros(len(which), dtype=np.bool_)
-    failed: Failures = {}
-    for i, index in enumerate(which):
-        try:
-            answers[i] = is_empty(cgroups[index])
-        except BackendError as err:
-            failed[i] = err
-    return answers, failed
+def each_cgroup(backend: CpuBackend, cgroups: Sequence[str]) -> OneAtATime[str]:
+    """Any backend's cgroups, each asked by name."""
+    return OneAtATime(
+        cgroups,
+        cgroups,
+        backend.read,
+        backend.read_throttled,
+        backend.write_limit,
+        backend.is_empty,
+    )
 
 
 def counts(values: list[int]) -> Counts:
@@ -126,4 +152,4 @@ def cgroup_set(backend: CpuBackend, cgroups: Sequence[str]) -> CgroupSet:
     time."""
     if isinstance(backend, BatchCpuBackend):
         return backend.cgroup_set(cgroups)
-    return EachCgroup(backend, cgroups)
+    return each_cgroup(backend, cgroups)

@@ -13,11 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from numpy.typing import NDArray
-
 from kuscale.backends.base import BackendError, RangeError
-from kuscale.backends.batch import CounterArrays, Counts, Failures, counts, empty_each
+from kuscale.backends.batch import OneAtATime
 from kuscale.backends.files import (
     DescriptorCache,
     confine,
@@ -170,8 +167,17 @@ class _CgroupTree:
         open: the watch between ticks reads this one file per pod."""
         return parse_key(self._files.read(files.stat), "nr_throttled", files.stat)
 
-    def cgroup_set(self, cgroups: Sequence[str]) -> KernelCgroups:
-        return KernelCgroups(self, cgroups)
+    def cgroup_set(self, cgroups: Sequence[str]) -> OneAtATime[CgroupFiles]:
+        """The tick's reads and writes of many cgroups, through paths resolved once."""
+        handles: list[CgroupFiles | BackendError] = []
+        for cgroup in cgroups:
+            try:
+                handles.append(self.files_of(cgroup))
+            except BackendError as err:
+                handles.append(err)
+        return OneAtATime(
+            cgroups, handles, self.sample, self.throttled, self.write_quota, self.is_empty
+        )
 
     def _read_period(self, cgroup: str) -> int:
         raise NotImplementedError
@@ -318,68 +324,6 @@ class CgroupV2(_CgroupTree):
         return PressureTrigger(
             confine(self._cpu_dir, cgroup) + "/cpu.pressure", stall_us, window_us
         )
-
-
-class KernelCgroups:
-    """Many cgroups of one tree read and written in one pass, their paths resolved once: a
-    cgroup whose name cannot be confined fails alone, on every call."""
-
-    def __init__(self, tree: _CgroupTree, cgroups: Sequence[str]) -> None:
-        self.tree = tree
-        self.cgroups = list(cgroups)
-        self.files: list[CgroupFiles | BackendError] = []
-        for cgroup in cgroups:
-            try:
-                self.files.append(tree.files_of(cgroup))
-            except BackendError as err:
-                self.files.append(err)
-
-    def read(self, which: Sequence[int]) -> CounterArrays:
-        usage, periods, throttled = [0] * len(which), [0] * len(which), [0] * len(which)
-        failed: Failures = {}
-        sample, files = self.tree.sample, self.files
-        for i, index in enumerate(which):
-            entry = files[index]
-            try:
-                if isinstance(entry, BackendError):
-                    raise entry
-                counters = sample(entry)
-            except BackendError as err:
-                failed[i] = err
-                continue
-            usage[i], periods[i] = counters.usage_ns, counters.nr_periods
-            throttled[i] = counters.nr_throttled
-        return CounterArrays(counts(usage), counts(periods), counts(throttled), failed)
-
-    def read_throttled(self, which: Sequence[int]) -> tuple[Counts, Failures]:
-        values = [0] * len(which)
-        failed: Failures = {}
-        throttled, files = self.tree.throttled, self.files
-        for i, index in enumerate(which):
-            entry = files[index]
-            try:
-                if isinstance(entry, BackendError):
-                    raise entry
-                values[i] = throttled(entry)
-            except BackendError as err:
-                failed[i] = err
-        return counts(values), failed
-
-    def empty(self, which: Sequence[int]) -> tuple[NDArray[np.bool_], Failures]:
-        return empty_each(self.tree.is_empty, self.cgroups, which)
-
-    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
-        failed: Failures = {}
-        write, files = self.tree.write_quota, self.files
-        for i, (index, limit) in enumerate(zip(which, limits, strict=True)):
-            entry = files[index]
-            try:
-                if isinstance(entry, BackendError):
-                    raise entry
-                write(entry, limit)
-            except BackendError as err:
-                failed[i] = err
-        return failed
 
 
 def shares_to_weight(shares: int) -> int:

@@ -232,38 +232,37 @@ class SimCgroups:
         self.names = list(cgroups)
         self.rows = np.array([node.index.get(name, -1) for name in cgroups], dtype=np.int64)
 
-    def _present(self, which: Sequence[int]) -> tuple[IntArray, Failures]:
+    def _present(self, which: Sequence[int]) -> tuple[IntArray, BoolArray, Failures]:
+        """The rows asked for, which of them exist, and why the others fail."""
         rows = self.rows[list(which)]
-        gone = np.flatnonzero(~self.node.present_rows(rows))
+        present = self.node.present_rows(rows)
         failed: Failures = {
             int(i): CgroupGone(f"simulated pod {self.names[which[i]]!r} is gone")
-            for i in gone.tolist()
+            for i in np.flatnonzero(~present).tolist()
         }
-        return np.where(rows >= 0, rows, 0), failed
+        return np.where(present, rows, 0), present, failed
 
     def read(self, which: Sequence[int]) -> CounterArrays:
-        rows, failed = self._present(which)
+        rows, present, failed = self._present(which)
         node = self.node
         return CounterArrays(
-            node.busy_ns[rows, 0].astype(np.int64),
-            node.nr_periods[rows],
-            node.nr_throttled[rows],
+            np.where(present, node.busy_ns[rows, 0].astype(np.int64), 0),
+            np.where(present, node.nr_periods[rows], 0),
+            np.where(present, node.nr_throttled[rows], 0),
             failed,
         )
 
     def read_throttled(self, which: Sequence[int]) -> tuple[IntArray, Failures]:
-        rows, failed = self._present(which)
-        return self.node.nr_throttled[rows], failed
+        rows, present, failed = self._present(which)
+        return np.where(present, self.node.nr_throttled[rows], 0), failed
 
     def empty(self, which: Sequence[int]) -> tuple[BoolArray, Failures]:
-        rows, failed = self._present(which)
-        return self.node.now >= self.node.end[rows], failed
+        rows, present, failed = self._present(which)
+        return present & (self.node.now >= self.node.end[rows]), failed
 
     def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
-        rows, failed = self._present(which)
-        keep = np.ones(len(rows), dtype=np.bool_)
-        keep[list(failed)] = False
-        self.node.limit[rows[keep], 0] = np.asarray(limits, dtype=np.float64)[keep]
+        rows, present, failed = self._present(which)
+        self.node.limit[rows[present], 0] = np.asarray(limits, dtype=np.float64)[present]
         return failed
 
 
