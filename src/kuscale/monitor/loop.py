@@ -101,7 +101,6 @@ class Monitor:
         )
         self.watcher = Watch(
             self.table,
-            self.registry,
             self.sampler,
             self.actuation,
             self.policy,

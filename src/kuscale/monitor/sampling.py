@@ -49,6 +49,10 @@ class Ready:
     rows: IntArray
     owned: list[int]
     """Positions of the pods whose cgroups kuscale made (they complete when empty)."""
+    managed: list[int]
+    """Positions of the pods kuscale took over (the watch raises only these)."""
+    running_rows: IntArray
+    """The rows of every running pod, ready or not, in the order they arrived."""
     counters: CgroupSet
     writer: CgroupSet | None
     """The actuator's writer for the same cgroups, where it writes them directly."""
@@ -90,6 +94,10 @@ class Sampler:
                 pods=pods,
                 rows=np.array([p.row for p in pods], dtype=np.int64),
                 owned=[i for i, p in enumerate(pods) if p.spec.owned],
+                managed=[i for i, p in enumerate(pods) if p.held is not None],
+                running_rows=np.array(
+                    [p.row for p in self.registry.running.values()], dtype=np.int64
+                ),
                 counters=cgroup_set(self.cpu, cgroups),
                 writer=self.actuator.cgroup_set(cgroups),
             )

@@ -9,7 +9,7 @@ import numpy as np
 from kuscale.model import RESOURCES, Resource
 from kuscale.monitor.actuating import WRITE_RESOLUTION, Actuation
 from kuscale.monitor.events import TickStats, log
-from kuscale.monitor.pods import PodState, Registry
+from kuscale.monitor.pods import PodState
 from kuscale.monitor.sampling import Sampler
 from kuscale.monitor.table import PodTable
 from kuscale.policy import Policy
@@ -22,7 +22,6 @@ class Watch:
     def __init__(
         self,
         table: PodTable,
-        registry: Registry,
         sampler: Sampler,
         actuation: Actuation,
         policy: Policy,
@@ -32,7 +31,6 @@ class Watch:
         weighted: BoolArray,
     ) -> None:
         self.table = table
-        self.registry = registry
         self.sampler = sampler
         self.actuation = actuation
         self.policy = policy
@@ -65,7 +63,7 @@ class Watch:
     def _throttled(self) -> list[PodState]:
         """The managed pods whose throttle count rose since the last look."""
         ready = self.sampler.ready()
-        which = [i for i, pod in enumerate(ready.pods) if pod.held is not None]
+        which = ready.managed
         if not which:
             return []
         counts, failed = ready.counters.read_throttled(which)
@@ -85,7 +83,7 @@ class Watch:
         c = self.table.columns
         rows = np.array([p.row for p in pods], dtype=np.int64)
         uses = c.uses[rows]
-        running = np.array([p.row for p in self.registry.running.values()], dtype=np.int64)
+        running = self.sampler.ready().running_rows
         held = np.zeros(len(RESOURCES))
         for resource in RESOURCES:
             holding = c.limit[running[c.uses[running, resource]], resource]

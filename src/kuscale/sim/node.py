@@ -147,12 +147,15 @@ class SimNode:
 
     def row(self, name: str) -> int:
         row = self.index.get(name, -1)
-        if not self.present_rows(np.array([row]))[0]:
+        if not self._present(row):
             raise CgroupGone(f"simulated pod {name!r} is gone")
         return row
 
+    def _present(self, row: int) -> bool:
+        return row >= 0 and bool(self.start[row] <= self.now) and not self.removed[row]
+
     def present(self, name: str) -> bool:
-        return bool(self.present_rows(np.array([self.index.get(name, -1)]))[0])
+        return self._present(self.index.get(name, -1))
 
     def ended(self, name: str) -> bool:
         return self.now >= float(self.end[self.row(name)])
