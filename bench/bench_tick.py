@@ -1,11 +1,15 @@
 """One monitor tick (sample → decide → actuate → export) at 10, 110 and 1000 pods.
 
 Pods live in cgroup v1 trees shaped like the kernel's, on tmpfs, so the cost measured is the
-agent's own: file reads and writes, the policy, the snapshot. Between ticks (untimed) every
-pod's counters advance by a usage that changes over time, so limits move and get written.
-Ten pods are also measured on this machine's real cgroups when they are writable.
+agent's own: file reads and writes, the policy, the snapshot. Between ticks (untimed) the
+fixture plays the kernel: each pod's demand swings with its own phase, it gets at most its
+quota, and the periods in which it wanted more count as throttled, so limits move and get
+written. In the same run, the floor: the same tree's reads, and as many quota writes as the
+tick made, bare, through kept descriptors. Ten pods are also measured on this machine's
+real cgroups when they are writable.
 
-Run with `make bench`; prints microseconds per pod per tick and resident memory.
+Run with `make bench`; prints microseconds per pod per tick, the tick-to-floor ratios and
+resident memory.
 """
 
 from __future__ import annotations
@@ -47,27 +51,65 @@ def make_tree(root: Path, pods: int) -> CgroupV1:
     return CgroupV1(root / "cpu", root / "cpuacct")
 
 
-def advance(root: Path, pods: int, tick: int, usage_ns: list[int]) -> None:
-    """Each pod's usage swings between 5 % and 95 % of a core with its own phase."""
-    for i in range(pods):
-        percent = 50 + 45 * math.sin(tick / 20 + i)
-        usage_ns[i] += int(percent / 100 * PERIOD * 1e9)
-        (root / "cpuacct" / f"pod-{i}" / "cpuacct.usage").write_text(f"{usage_ns[i]}\n")
+CFS_PERIODS = round(PERIOD / 0.1)
+"""The kernel's 100 ms CFS periods in one agent period."""
+
+
+class FixtureKernel:
+    """The counters a kernel would keep for the tree's pods, advanced between ticks."""
+
+    def __init__(self, root: Path, pods: int) -> None:
+        self.root = root
+        self.pods = pods
+        self.usage_ns = [0] * pods
+        self.periods = 0
+        self.throttled = [0] * pods
+        self.quotas = [-1] * pods
+        self.writes: list[int] = []
+        """Per advance: the quotas the tick before it changed."""
+
+    def advance(self, tick: int) -> None:
+        """Each pod wants between 5 % and 95 % of a core, with its own phase; it gets at
+        most its quota, and every CFS period is throttled while it wants more."""
+        self.periods += CFS_PERIODS
+        changed = 0
+        for i in range(self.pods):
+            cpu = self.root / "cpu" / f"pod-{i}"
+            quota = int((cpu / "cpu.cfs_quota_us").read_text())
+            changed += quota != self.quotas[i]
+            self.quotas[i] = quota
+            wanted = 50 + 45 * math.sin(tick / 20 + i)
+            limit = math.inf if quota < 0 else quota / 1000
+            if wanted > limit:
+                self.throttled[i] += CFS_PERIODS
+            self.usage_ns[i] += int(min(wanted, limit) / 100 * PERIOD * 1e9)
+            (self.root / "cpuacct" / f"pod-{i}" / "cpuacct.usage").write_text(
+                f"{self.usage_ns[i]}\n"
+            )
+            (cpu / "cpu.stat").write_text(
+                f"nr_periods {self.periods}\nnr_throttled {self.throttled[i]}\nthrottled_time 0\n"
+            )
+        self.writes.append(changed)
 
 
 BENCH_CONFIG = AgentConfig(
     period=PERIOD,
-    policy_config=PolicyConfig(cpu=ResourceConfig(price=1.0, min=1.0, overcommit=5.0)),
+    policy_config=PolicyConfig(
+        cpu=ResourceConfig(price=1.0, min=1.0, overcommit=5.0),
+        burst_factor=0.05,
+        burst_seconds=600.0,
+    ),
 )
-"""The default rule, with a 1 % CPU minimum (the kernel's 1 ms quota per 100 ms) and a node
-overcommitted 5x, so that 1000 pods fit this 2-core machine's admission."""
+"""The default rule, with a 1 % CPU minimum (the kernel's 1 ms quota per 100 ms), a node
+overcommitted 5x so that 1000 pods fit this 2-core machine's admission, and burst credit
+(as in the shipped scenarios), so that limits follow each pod's swings and get written."""
 
 
 def monitor_for(cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "") -> Monitor:
     monitor = Monitor(cgroups, None, BENCH_CONFIG)
     for i in range(pods):
         monitor.submit(
-            PodAdded(PodSpec(name=f"pod-{i}", tokens=100 + i % 400, cgroup=f"{prefix}pod-{i}"))
+            PodAdded(PodSpec(name=f"pod-{i}", tokens=20 + i % 60, cgroup=f"{prefix}pod-{i}"))
         )
     monitor.tick(0.0)
     refused = len(monitor.registry.completed)
@@ -85,26 +127,29 @@ def current_rss_mib() -> float:
     return int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_fixture(pods: int, ticks: int) -> list[float]:
+def bench_fixture(pods: int, ticks: int) -> tuple[list[float], int]:
+    """Each tick's duration, and the median number of quotas a tick wrote."""
     root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
     try:
         cgroups = make_tree(root, pods)
         monitor = monitor_for(cgroups, pods)
-        usage = [0] * pods
+        kernel = FixtureKernel(root, pods)
+        kernel.advance(0)
         durations = []
         for tick in range(1, ticks + 1):
-            advance(root, pods, tick, usage)
             started = time.perf_counter()
             monitor.tick(tick * PERIOD)
             durations.append(time.perf_counter() - started)
-        return durations
+            kernel.advance(tick)
+        return durations, round(statistics.median(kernel.writes[1:]))
     finally:
         shutil.rmtree(root)
 
 
-def bench_floor(pods: int, ticks: int) -> list[float]:
+def bench_floor(pods: int, ticks: int, writes: int) -> list[float]:
     """The kernel I/O a tick cannot avoid, bare, on the same tree: per pod a pread of
-    `cpuacct.usage` and of `cpu.stat` and a pwrite of the quota, through kept descriptors."""
+    `cpuacct.usage` and of `cpu.stat`, and `writes` quotas written (a pwrite and, as a
+    regular file must be, an ftruncate), through kept descriptors."""
     root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
     try:
         make_tree(root, pods)
@@ -113,9 +158,9 @@ def bench_floor(pods: int, ticks: int) -> list[float]:
             for i in range(pods)
             for tree, name in (("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat"))
         ]
-        writes = [
+        quotas = [
             os.open(root / "cpu" / f"pod-{i}" / "cpu.cfs_quota_us", os.O_WRONLY)
-            for i in range(pods)
+            for i in range(writes)
         ]
         durations = []
         for tick in range(1, ticks + 1):
@@ -123,10 +168,11 @@ def bench_floor(pods: int, ticks: int) -> list[float]:
             started = time.perf_counter()
             for fd in reads:
                 os.pread(fd, 4096, 0)
-            for fd in writes:
+            for fd in quotas:
                 os.pwrite(fd, quota, 0)
+                os.ftruncate(fd, len(quota))
             durations.append(time.perf_counter() - started)
-        for fd in reads + writes:
+        for fd in reads + quotas:
             os.close(fd)
         return durations
     finally:
@@ -155,10 +201,10 @@ def bench_memory(pods: int, ticks: int) -> list[tuple[int, float]]:
     try:
         cgroups = make_tree(root, pods)
         monitor = monitor_for(cgroups, pods)
-        usage = [0] * pods
+        kernel = FixtureKernel(root, pods)
         marks = []
         for tick in range(1, ticks + 1):
-            advance(root, pods, tick, usage)
+            kernel.advance(tick)
             monitor.tick(tick * PERIOD)
             if tick in (100, 1000, ticks // 2, ticks):
                 marks.append((tick, current_rss_mib()))
@@ -241,10 +287,10 @@ def main() -> None:
             report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
     ratios = []
     for pods in (10, 110, 1000):
-        tick = bench_fixture(pods, args.ticks)
-        floor = bench_floor(pods, args.ticks)
+        tick, writes = bench_fixture(pods, args.ticks)
+        floor = bench_floor(pods, args.ticks, writes)
         report("fixture v1 tree (tmpfs)", pods, tick)
-        report("  its kernel I/O alone", pods, floor)
+        report(f"  its kernel I/O ({writes} writes)", pods, floor)
         ratios.append((pods, statistics.median(tick) / statistics.median(floor)))
     for pods, ratio in ratios:
         print(f"tick-to-floor ratio at {pods} pods: {ratio:.1f}")

@@ -171,7 +171,10 @@ class DevicePluginServer:
             with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
                 rpc.RegistrationStub(channel).Register(request, timeout=REGISTER_SECONDS)
         except grpc.RpcError as err:
-            log.warning("registration with the kubelet at %s failed: %s", self.kubelet_socket, err)
+            if not self.plugin.stopping.is_set():
+                log.warning(
+                    "registration with the kubelet at %s failed: %s", self.kubelet_socket, err
+                )
             return False
         self.registrations += 1
         log.info("registered %s (%d tokens) with the kubelet", RESOURCE_NAME, len(self.plugin.ids))
