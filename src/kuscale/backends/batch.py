@@ -24,6 +24,8 @@ Handle = TypeVar("Handle")
 T = TypeVar("T")
 Failures = dict[int, BackendError]
 """Position in the request → why that cgroup could not be read; its values are 0."""
+Positions = Sequence[int] | NDArray[np.int64]
+"""Which cgroups of a set to ask, by their place in it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +42,17 @@ class CgroupSet(Protocol):
     """A fixed list of cgroups whose counters are read together; `which` picks positions
     in that list, and every answer follows its order."""
 
-    def read(self, which: Sequence[int]) -> CounterArrays: ...
+    def read(self, which: Positions) -> CounterArrays: ...
 
-    def read_throttled(self, which: Sequence[int]) -> tuple[Counts, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
         """nr_throttled alone: the watch's one read per pod."""
         ...
 
-    def empty(self, which: Sequence[int]) -> tuple[NDArray[np.bool_], Failures]:
+    def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
         """True where no process is left in the cgroup (for cgroups kuscale made)."""
         ...
 
-    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
         """Each cgroup's limit in percent, checked against the kernel's range first."""
         ...
 
@@ -82,7 +84,7 @@ class OneAtATime(Generic[Handle]):
         self._is_empty = is_empty
 
     def _each(
-        self, which: Sequence[int], call: Callable[[Handle, int], T], failure: T
+        self, which: Positions, call: Callable[[Handle, int], T], failure: T
     ) -> tuple[list[T], Failures]:
         """`call` on each handle picked, with its position in `which`; its answers,
         `failure` where it failed."""
@@ -100,7 +102,7 @@ class OneAtATime(Generic[Handle]):
                 answers.append(failure)
         return answers, failed
 
-    def read(self, which: Sequence[int]) -> CounterArrays:
+    def read(self, which: Positions) -> CounterArrays:
         read = self._read
         answers, failed = self._each(which, lambda handle, _: read(handle), CpuCounters(0))
         return CounterArrays(
@@ -110,12 +112,12 @@ class OneAtATime(Generic[Handle]):
             failed,
         )
 
-    def read_throttled(self, which: Sequence[int]) -> tuple[Counts, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
         read = self._read_throttled
         answers, failed = self._each(which, lambda handle, _: read(handle), 0)
         return counts(answers), failed
 
-    def empty(self, which: Sequence[int]) -> tuple[NDArray[np.bool_], Failures]:
+    def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
         answers = np.zeros(len(which), dtype=np.bool_)
         failed: Failures = {}
         for i, index in enumerate(which):
@@ -125,7 +127,7 @@ class OneAtATime(Generic[Handle]):
                 failed[i] = err
         return answers, failed
 
-    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
         write = self._write_limit
         return self._each(which, lambda handle, i: write(handle, limits[i]), None)[1]
 

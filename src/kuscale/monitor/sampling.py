@@ -15,7 +15,7 @@ import numpy as np
 from kuscale.actuators.base import CpuActuator
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
 from kuscale.backends.batch import CgroupSet, Failures, cgroup_set
-from kuscale.model import PodStatus, Resource
+from kuscale.model import RESOURCES, PodStatus, Resource
 from kuscale.monitor.events import TickStats, count_error, pod_event
 from kuscale.monitor.lifecycle import Lifecycle
 from kuscale.monitor.pods import PodState, Registry
@@ -49,10 +49,13 @@ class Ready:
     rows: IntArray
     owned: list[int]
     """Positions of the pods whose cgroups kuscale made (they complete when empty)."""
-    managed: list[int]
+    managed: IntArray
     """Positions of the pods kuscale took over (the watch raises only these)."""
-    running_rows: IntArray
-    """The rows of every running pod, ready or not, in the order they arrived."""
+    waiting: list[PodState]
+    """The running pods not ready yet, started again each tick."""
+    holding: tuple[IntArray, ...]
+    """Per resource, the rows of every running pod (ready or not) that uses it, in the
+    order they arrived: what the node has promised sums over these."""
     counters: CgroupSet
     writer: CgroupSet | None
     """The actuator's writer for the same cgroups, where it writes them directly."""
@@ -94,20 +97,28 @@ class Sampler:
                 pods=pods,
                 rows=np.array([p.row for p in pods], dtype=np.int64),
                 owned=[i for i, p in enumerate(pods) if p.spec.owned],
-                managed=[i for i, p in enumerate(pods) if p.held is not None],
-                running_rows=np.array(
-                    [p.row for p in self.registry.running.values()], dtype=np.int64
+                managed=np.array(
+                    [i for i, p in enumerate(pods) if p.held is not None], dtype=np.int64
                 ),
+                holding=self._holding(),
+                waiting=[
+                    p for p in self.registry.running.values() if p.status is PodStatus.NOT_READY
+                ],
                 counters=cgroup_set(self.cpu, cgroups),
                 writer=self.actuator.cgroup_set(cgroups),
             )
         return self._ready
 
+    def _holding(self) -> tuple[IntArray, ...]:
+        rows = np.array([p.row for p in self.registry.running.values()], dtype=np.int64)
+        uses = self.table.columns.uses[rows]
+        return tuple(rows[uses[:, resource]] for resource in RESOURCES)
+
     def sample(self, now: float) -> Sample:
         """Start the pods not ready yet, complete the owned ones left empty, and measure the
         rest of the pods that were ready as the tick began."""
         ready = self.ready()
-        self._start_waiting(now)
+        self._start_waiting(ready.waiting, now)
         alive = np.ones(len(ready.pods), dtype=np.bool_)
         if ready.owned:
             empty, failed = ready.counters.empty(ready.owned)
@@ -134,8 +145,8 @@ class Sampler:
             gpu_busy[read],
         )
 
-    def _start_waiting(self, now: float) -> None:
-        for pod in list(self.registry.running.values()):
+    def _start_waiting(self, waiting: list[PodState], now: float) -> None:
+        for pod in waiting:
             if pod.status is PodStatus.NOT_READY:
                 try:
                     self.lifecycle.start(pod, now)

@@ -4,16 +4,17 @@ path, within its budget, instead of waiting for the next tick."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from kuscale.model import RESOURCES, Resource
 from kuscale.monitor.actuating import WRITE_RESOLUTION, Actuation
 from kuscale.monitor.events import TickStats, log
-from kuscale.monitor.pods import PodState
-from kuscale.monitor.sampling import Sampler
+from kuscale.monitor.sampling import Ready, Sampler
 from kuscale.monitor.table import PodTable
 from kuscale.policy import Policy
-from kuscale.policy.base import BoolArray, FloatArray, Starving
+from kuscale.policy.base import BoolArray, FloatArray, IntArray, Starving
 
 CPU = Resource.CPU
 
@@ -41,54 +42,69 @@ class Watch:
 
     def look(self) -> None:
         """Read every managed pod's throttle counter; hand those throttled since the last
-        look to the policy's fast path and write what it raises. A pod whose cgroup cannot
-        be read, or whose counter went backwards, is skipped until the next tick."""
-        starving = self._throttled()
-        if not starving:
+        look to the policy's fast path and write, all at once, what it raises. A pod whose
+        cgroup cannot be read is skipped until the next tick."""
+        ready = self.sampler.ready()
+        positions = self._throttled(ready)
+        if not positions.size:
             return
-        limits = self.policy.raise_starved(self._starving(starving))
+        rows = ready.rows[positions]
+        limits = self.policy.raise_starved(self._starving(rows))
         if limits is None:
             return
         c = self.table.columns
-        for pod, raised in zip(starving, limits[:, CPU].tolist(), strict=True):
-            before = float(c.limit[pod.row, CPU])
-            if raised <= before + WRITE_RESOLUTION:
-                continue
-            self.actuation.write(pod, CPU, raised)
-            if c.limit[pod.row, CPU] > before:
-                self.stats.fast_raises += 1
-                c.raised_mark[pod.row] = c.throttle_mark[pod.row]
-                log.debug("pod %s throttled at %.1f %%: raised to %.1f %%", pod.key, before, raised)
+        before = c.limit[rows, CPU]
+        due = np.flatnonzero(limits[:, CPU] > before + WRITE_RESOLUTION)
+        if not due.size:
+            return
+        raised = [ready.pods[i] for i in positions[due].tolist()]
+        self.actuation.write_decided(
+            raised,
+            rows[due],
+            limits[due],
+            ready.writer,
+            positions[due],
+            (CPU,),
+        )
+        grew = rows[due][c.limit[rows[due], CPU] > before[due]]
+        self.stats.fast_raises += grew.size
+        c.raised_mark[grew] = c.throttle_mark[grew]
+        if log.isEnabledFor(logging.DEBUG):
+            for pod, i in zip(raised, due.tolist(), strict=True):
+                log.debug(
+                    "pod %s throttled at %.1f %%: raised to %.1f %%",
+                    pod.key,
+                    before[i],
+                    c.limit[rows[i], CPU],
+                )
 
-    def _throttled(self) -> list[PodState]:
-        """The managed pods whose throttle count rose since the last look."""
-        ready = self.sampler.ready()
+    def _throttled(self, ready: Ready) -> IntArray:
+        """Positions among the ready pods of the managed ones whose throttle count rose
+        since the last look."""
         which = ready.managed
-        if not which:
-            return []
+        if not which.size:
+            return which
         counts, failed = ready.counters.read_throttled(which)
+        read = np.ones(which.size, dtype=np.bool_)
         for i, err in failed.items():
             log.debug("watch skips pod %s: %s", ready.pods[which[i]].key, err)
-        read = np.ones(len(which), dtype=np.bool_)
-        read[list(failed)] = False
-        rows = ready.rows[which][read]
-        counts = counts[read]
+            read[i] = False
+        if failed:
+            which, counts = which[read], counts[read]
+        rows = ready.rows[which]
         c = self.table.columns
         rose = counts > c.throttle_mark[rows]
         c.throttle_mark[rows] = counts
-        positions = np.array(which, dtype=np.int64)[read][rose]
-        return [ready.pods[i] for i in positions.tolist()]
+        return which[rose]
 
-    def _starving(self, pods: list[PodState]) -> Starving:
+    def _starving(self, rows: IntArray) -> Starving:
         c = self.table.columns
-        rows = np.array([p.row for p in pods], dtype=np.int64)
         uses = c.uses[rows]
-        running = self.sampler.ready().running_rows
+        holding = self.sampler.ready().holding
         held = np.zeros(len(RESOURCES))
         for resource in RESOURCES:
-            holding = c.limit[running[c.uses[running, resource]], resource]
-            if holding.size:
-                held[resource] = np.cumsum(holding)[-1]
+            if holding[resource].size:
+                held[resource] = np.cumsum(c.limit[holding[resource], resource])[-1]
         return Starving(
             period=self.period,
             tokens=c.tokens[rows],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kuscale.backends.base import CgroupGone
-from kuscale.backends.batch import CgroupSet, CounterArrays, Failures
+from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Positions
 from kuscale.model import CpuCounters, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 from kuscale.policy.waterfill import water_fill
@@ -123,7 +123,8 @@ class SimNode:
         if column.sum() > self.capacity[Resource.CPU]:
             column = water_fill(float(self.capacity[Resource.CPU]), self.shares[live], column)
         granted[live, Resource.CPU] = column
-        for device in range(self.gpus):
+        granted[live, Resource.GPU] = wanted[live, Resource.GPU]
+        for device in self._crowded_devices(live, wanted[:, Resource.GPU]):
             on = live & (self.device == device)
             column = wanted[on, Resource.GPU]
             if column.sum() > DEVICE_CAPACITY:
@@ -144,6 +145,13 @@ class SimNode:
         known = rows >= 0
         safe = np.where(known, rows, 0)
         return known & (self.start[safe] <= self.now) & ~self.removed[safe]
+
+    def _crowded_devices(self, live: BoolArray, wanted: FloatArray) -> list[int]:
+        """Devices whose live pods may want more than the device has: one sum per device
+        finds them, and each is then checked and shared as on its own (the margin covers
+        the sums' different rounding)."""
+        totals = np.bincount(self.device[live], wanted[live], minlength=self.gpus)
+        return np.flatnonzero(totals > DEVICE_CAPACITY * (1 - 1e-9)).tolist()
 
     def row(self, name: str) -> int:
         row = self.index.get(name, -1)
@@ -235,9 +243,9 @@ class SimCgroups:
         self.names = list(cgroups)
         self.rows = np.array([node.index.get(name, -1) for name in cgroups], dtype=np.int64)
 
-    def _present(self, which: Sequence[int]) -> tuple[IntArray, BoolArray, Failures]:
+    def _present(self, which: Positions) -> tuple[IntArray, BoolArray, Failures]:
         """The rows asked for, which of them exist, and why the others fail."""
-        rows = self.rows[list(which)]
+        rows = self.rows[np.asarray(which, dtype=np.int64)]
         present = self.node.present_rows(rows)
         failed: Failures = {
             int(i): CgroupGone(f"simulated pod {self.names[which[i]]!r} is gone")
@@ -245,7 +253,7 @@ class SimCgroups:
         }
         return np.where(present, rows, 0), present, failed
 
-    def read(self, which: Sequence[int]) -> CounterArrays:
+    def read(self, which: Positions) -> CounterArrays:
         rows, present, failed = self._present(which)
         node = self.node
         return CounterArrays(
@@ -255,15 +263,15 @@ class SimCgroups:
             failed,
         )
 
-    def read_throttled(self, which: Sequence[int]) -> tuple[IntArray, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[IntArray, Failures]:
         rows, present, failed = self._present(which)
         return np.where(present, self.node.nr_throttled[rows], 0), failed
 
-    def empty(self, which: Sequence[int]) -> tuple[BoolArray, Failures]:
+    def empty(self, which: Positions) -> tuple[BoolArray, Failures]:
         rows, present, failed = self._present(which)
         return present & (self.node.now >= self.node.end[rows]), failed
 
-    def write_limits(self, which: Sequence[int], limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
         rows, present, failed = self._present(which)
         self.node.limit[rows[present], 0] = np.asarray(limits, dtype=np.float64)[present]
         return failed
