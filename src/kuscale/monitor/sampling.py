@@ -90,7 +90,8 @@ class Sampler:
         """The running, ready pods, gathered again only after the membership changed."""
         membership = self.lifecycle.membership
         if self._ready is None or self._ready.membership != membership:
-            pods = [p for p in self.registry.running.values() if p.status is PodStatus.RUNNING]
+            running = list(self.registry.running.values())
+            pods = [p for p in running if p.status is PodStatus.RUNNING]
             cgroups = [p.spec.cgroup for p in pods]
             self._ready = Ready(
                 membership=membership,
@@ -100,17 +101,15 @@ class Sampler:
                 managed=np.array(
                     [i for i, p in enumerate(pods) if p.held is not None], dtype=np.int64
                 ),
-                holding=self._holding(),
-                waiting=[
-                    p for p in self.registry.running.values() if p.status is PodStatus.NOT_READY
-                ],
+                holding=self._holding(running),
+                waiting=[p for p in running if p.status is PodStatus.NOT_READY],
                 counters=cgroup_set(self.cpu, cgroups),
                 writer=self.actuator.cgroup_set(cgroups),
             )
         return self._ready
 
-    def _holding(self) -> tuple[IntArray, ...]:
-        rows = np.array([p.row for p in self.registry.running.values()], dtype=np.int64)
+    def _holding(self, running: list[PodState]) -> tuple[IntArray, ...]:
+        rows = np.array([p.row for p in running], dtype=np.int64)
         uses = self.table.columns.uses[rows]
         return tuple(rows[uses[:, resource]] for resource in RESOURCES)
 

@@ -160,6 +160,7 @@ class SimNode:
         return row
 
     def _present(self, row: int) -> bool:
+        """`present_rows` for one row, without building arrays: one pod's reads ask it."""
         return row >= 0 and bool(self.start[row] <= self.now) and not self.removed[row]
 
     def present(self, name: str) -> bool:
