@@ -4,12 +4,13 @@ Pods live in cgroup v1 trees shaped like the kernel's, on tmpfs, so the cost mea
 agent's own: file reads and writes, the policy, the snapshot. Between ticks (untimed) the
 fixture plays the kernel: each pod's demand swings with its own phase, it gets at most its
 quota, and the periods in which it wanted more count as throttled, so limits move and get
-written. In the same run, the floor: the same tree's reads, and as many quota writes as the
-tick made, bare, through kept descriptors. Ten pods are also measured on this machine's
-real cgroups when they are writable.
+written. Taking turns with the ticks, the floor: the same tree's reads, and as many quota
+writes as the tick made, bare, through kept descriptors. Ten pods are also measured on this
+machine's real cgroups when they are writable.
 
-Run with `make bench`; prints microseconds per pod per tick, the tick-to-floor ratios and
-resident memory.
+Run with `make bench`; prints microseconds per pod per tick, the tick-to-floor ratios, the
+Python work each pod adds beyond its kernel I/O (between 110 and 1000 pods, so that fixed
+costs cancel) and resident memory.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ class FixtureKernel:
         self.periods += CFS_PERIODS
         changed = 0
         for i in range(self.pods):
-            cpu = self.root / "cpu" / f"pod-{i}"
-            quota = int((cpu / "cpu.cfs_quota_us").read_text())
+            quota = self._quota(i)
             changed += quota != self.quotas[i]
             self.quotas[i] = quota
             wanted = 50 + 45 * math.sin(tick / 20 + i)
@@ -83,13 +83,56 @@ class FixtureKernel:
             if wanted > limit:
                 self.throttled[i] += CFS_PERIODS
             self.usage_ns[i] += int(min(wanted, limit) / 100 * PERIOD * 1e9)
+        self.writes.append(changed)
+        self.rewrite()
+
+    def rewrite(self) -> None:
+        """The kernel's side of a period without its time passing: the same quota reads
+        and counter writes as `advance`, which leave the caches as a tick finds them."""
+        for i in range(self.pods):
+            self._quota(i)
             (self.root / "cpuacct" / f"pod-{i}" / "cpuacct.usage").write_text(
                 f"{self.usage_ns[i]}\n"
             )
-            (cpu / "cpu.stat").write_text(
+            (self.root / "cpu" / f"pod-{i}" / "cpu.stat").write_text(
                 f"nr_periods {self.periods}\nnr_throttled {self.throttled[i]}\nthrottled_time 0\n"
             )
-        self.writes.append(changed)
+
+    def _quota(self, pod: int) -> int:
+        return int((self.root / "cpu" / f"pod-{pod}" / "cpu.cfs_quota_us").read_text())
+
+
+class Floor:
+    """The kernel I/O a tick cannot avoid, bare, on the same tree: per pod a pread of
+    `cpuacct.usage` and of `cpu.stat`, and as many quotas written (a pwrite and, as a
+    regular file must be, an ftruncate) as the tick wrote, through kept descriptors. The
+    quotas written are those the files hold, so the tree's state does not change."""
+
+    def __init__(self, root: Path, kernel: FixtureKernel) -> None:
+        self.kernel = kernel
+        pods = range(kernel.pods)
+        self.reads = [
+            os.open(root / tree / f"pod-{i}" / name, os.O_RDONLY)
+            for i in pods
+            for tree, name in (("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat"))
+        ]
+        self.quotas = [
+            os.open(root / "cpu" / f"pod-{i}" / "cpu.cfs_quota_us", os.O_WRONLY) for i in pods
+        ]
+
+    def measure(self, writes: int) -> float:
+        values = [str(quota).encode() for quota in self.kernel.quotas[:writes]]
+        started = time.perf_counter()
+        for fd in self.reads:
+            os.pread(fd, 4096, 0)
+        for fd, value in zip(self.quotas, values, strict=False):
+            os.pwrite(fd, value, 0)
+            os.ftruncate(fd, len(value))
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        for fd in self.reads + self.quotas:
+            os.close(fd)
 
 
 BENCH_CONFIG = AgentConfig(
@@ -127,54 +170,32 @@ def current_rss_mib() -> float:
     return int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_fixture(pods: int, ticks: int) -> tuple[list[float], int]:
-    """Each tick's duration, and the median number of quotas a tick wrote."""
+def bench_fixture(pods: int, ticks: int) -> tuple[list[float], list[float], int]:
+    """Each tick's duration, its floor's, and the median number of quotas a tick wrote.
+
+    Tick and floor take turns on the same tree, each right after the fixture kernel
+    rewrote its counters: the kernel's writes leave the files' pages out of the CPU's
+    caches, and a floor measured on a tree nobody writes reads them hot, at a third of the
+    cost a tick pays."""
     root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
     try:
         cgroups = make_tree(root, pods)
         monitor = monitor_for(cgroups, pods)
         kernel = FixtureKernel(root, pods)
         kernel.advance(0)
-        durations = []
-        for tick in range(1, ticks + 1):
-            started = time.perf_counter()
-            monitor.tick(tick * PERIOD)
-            durations.append(time.perf_counter() - started)
-            kernel.advance(tick)
-        return durations, round(statistics.median(kernel.writes[1:]))
-    finally:
-        shutil.rmtree(root)
-
-
-def bench_floor(pods: int, ticks: int, writes: int) -> list[float]:
-    """The kernel I/O a tick cannot avoid, bare, on the same tree: per pod a pread of
-    `cpuacct.usage` and of `cpu.stat`, and `writes` quotas written (a pwrite and, as a
-    regular file must be, an ftruncate), through kept descriptors."""
-    root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
-    try:
-        make_tree(root, pods)
-        reads = [
-            os.open(root / tree / f"pod-{i}" / name, os.O_RDONLY)
-            for i in range(pods)
-            for tree, name in (("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat"))
-        ]
-        quotas = [
-            os.open(root / "cpu" / f"pod-{i}" / "cpu.cfs_quota_us", os.O_WRONLY)
-            for i in range(writes)
-        ]
-        durations = []
-        for tick in range(1, ticks + 1):
-            quota = str(10_000 + tick % 50 * 1000).encode()
-            started = time.perf_counter()
-            for fd in reads:
-                os.pread(fd, 4096, 0)
-            for fd in quotas:
-                os.pwrite(fd, quota, 0)
-                os.ftruncate(fd, len(quota))
-            durations.append(time.perf_counter() - started)
-        for fd in reads + quotas:
-            os.close(fd)
-        return durations
+        floor = Floor(root, kernel)
+        durations, floors = [], []
+        try:
+            for tick in range(1, ticks + 1):
+                started = time.perf_counter()
+                monitor.tick(tick * PERIOD)
+                durations.append(time.perf_counter() - started)
+                kernel.advance(tick)
+                floors.append(floor.measure(kernel.writes[-1]))
+                kernel.rewrite()
+        finally:
+            floor.close()
+        return durations, floors, round(statistics.median(kernel.writes[1:]))
     finally:
         shutil.rmtree(root)
 
@@ -285,15 +306,16 @@ def main() -> None:
     for name in ("kuscale", "kuscale-2022"):
         for pods in (110, 1000):
             report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
-    ratios = []
+    beyond = {}
     for pods in (10, 110, 1000):
-        tick, writes = bench_fixture(pods, args.ticks)
-        floor = bench_floor(pods, args.ticks, writes)
+        tick, floor, writes = bench_fixture(pods, args.ticks)
         report("fixture v1 tree (tmpfs)", pods, tick)
         report(f"  its kernel I/O ({writes} writes)", pods, floor)
-        ratios.append((pods, statistics.median(tick) / statistics.median(floor)))
-    for pods, ratio in ratios:
-        print(f"tick-to-floor ratio at {pods} pods: {ratio:.1f}")
+        beyond[pods] = (statistics.median(tick), statistics.median(floor))
+    for pods, (tick_s, floor_s) in beyond.items():
+        print(f"tick-to-floor ratio at {pods} pods: {tick_s / floor_s:.2f}")
+    extra = [tick_s - floor_s for tick_s, floor_s in (beyond[110], beyond[1000])]
+    print(f"Python work per pod beyond its kernel I/O: {(extra[1] - extra[0]) / 890 * 1e6:.2f} µs")
     for pods in (110, 1000):
         report("watch pass, fixture tree", pods, bench_watch(pods, args.ticks * 5))
     real = bench_real(10, args.ticks)

@@ -3,14 +3,18 @@ failure stays with its own cgroup."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
-from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
+from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, V2_FILES, write_files
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kuscale.backends.base import BackendError, CgroupGone
+from kuscale.backends.base import BackendError, CgroupGone, CounterError, RangeError
 from kuscale.backends.batch import each_cgroup
-from kuscale.backends.cgroup import CgroupV1
+from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.backends.files import parse_counts, parse_int, parse_keyed, parse_keyed_many
 from kuscale.sim.node import SimCpu, SimNode, SimPod
 from kuscale.workload import Schedule
 
@@ -58,3 +62,123 @@ def test_the_simulator_set_agrees_with_its_one_pod_reads() -> None:
     failed = vectorised.write_limits([0, 2, 1], [30.0, 10.0, 60.0])
     assert list(failed) == [1]
     assert (cpu.read_limit("a"), cpu.read_limit("b")) == (30.0, 60.0)
+
+
+def kernel_files(root: Path, cgroup: str, usage: str, stat: str) -> None:
+    write_files(root / "cpu" / cgroup, {**V1_CPU_FILES, "cpu.stat": stat})
+    write_files(root / "cpuacct" / cgroup, {**V1_CPUACCT_FILES, "cpuacct.usage": usage})
+
+
+STAT = "nr_periods {}\nnr_throttled {}\nthrottled_time 0\n"
+
+
+def test_garbage_in_one_cgroup_fails_it_alone_and_the_rest_read_at_full_speed(
+    v1_tree: CgroupV1, tmp_path: Path
+) -> None:
+    kernel_files(tmp_path, "pods/b", "7\n", STAT.format(5, 1))
+    kernel_files(tmp_path, "pods/c", "-3\n", STAT.format(6, 2))
+    kernel_files(tmp_path, "pods/d", "9\n", "nr_periods x\nnr_throttled 1\n")
+    kernel_files(tmp_path, "pods/e", "11\n", STAT.format(2**63, 0))
+    kernel_files(tmp_path, "pods/f", "13\n", STAT.format(8, 3))
+    cgroups = ["pods/a", "pods/b", "pods/c", "pods/d", "pods/e", "pods/f"]
+    fast = v1_tree.cgroup_set(cgroups)
+    counters = fast.read([5, 0, 1, 2, 3, 4])
+    assert counters.usage_ns.tolist()[:3] == [13, 123456789, 7]
+    assert counters.nr_periods.tolist()[:3] == [8, 10, 5]
+    assert counters.nr_throttled.tolist()[:3] == [3, 2, 1]
+    assert sorted(counters.failed) == [3, 4, 5]
+    assert all(isinstance(err, CounterError) for err in counters.failed.values())
+    slow = each_cgroup(v1_tree, cgroups).read([5, 0, 1, 2, 3, 4])
+    assert [str(err) for err in slow.failed.values()] == [
+        str(err) for err in counters.failed.values()
+    ]
+    throttled, failed = fast.read_throttled([1, 3, 5])
+    assert throttled.tolist() == [1, 1, 3] and not failed
+
+
+def test_a_set_reads_the_right_files_after_the_cache_closed_and_reused_descriptors(
+    v1_tree: CgroupV1, tmp_path: Path
+) -> None:
+    names = [f"pods/p{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        kernel_files(tmp_path, name, f"{i}\n", STAT.format(i, i))
+    fast = v1_tree.cgroup_set(names)
+    assert fast.read(range(6)).usage_ns.tolist() == list(range(6))
+    v1_tree.descriptors.size = 1
+    for name in reversed(names):
+        v1_tree.read(name)
+    assert fast.read(range(6)).usage_ns.tolist() == list(range(6))
+    assert fast.read_throttled([4, 2])[0].tolist() == [4, 2]
+
+
+def test_a_set_writes_quotas_for_the_period_each_cgroup_holds_now(
+    v1_tree: CgroupV1, tmp_path: Path
+) -> None:
+    kernel_files(tmp_path, "pods/b", "1\n", STAT.format(1, 0))
+    fast = v1_tree.cgroup_set(["pods/a", "pods/b", "pods/gone"])
+    assert fast.write_limits([0, 1], [40.0, 40.0]) == {}
+    (tmp_path / "cpu" / "pods" / "b" / "cpu.cfs_period_us").write_text("50000\n")
+    failed = fast.write_limits([0, 1, 2], [30.0, 30.0, 30.0])
+    assert list(failed) == [2] and isinstance(failed[2], CgroupGone)
+    assert (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").read_text() == "30000"
+    assert (tmp_path / "cpu" / "pods" / "b" / "cpu.cfs_quota_us").read_text() == "15000"
+    refused = fast.write_limits([0, 1], [0.5, math.nan])
+    assert sorted(refused) == [0, 1] and all(isinstance(e, RangeError) for e in refused.values())
+    assert (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").read_text() == "30000"
+
+
+def test_a_v2_set_reads_usage_in_microseconds_and_writes_cpu_max(
+    v2_tree: CgroupV2, tmp_path: Path
+) -> None:
+    write_files(tmp_path / "pods" / "b", {**V2_FILES, "cpu.stat": "nr_periods 1\n"})
+    fast = v2_tree.cgroup_set(["pods/a", "pods/b"])
+    counters = fast.read([0, 1])
+    assert (counters.usage_ns[0], counters.nr_throttled[0]) == (2_000_000, 3)
+    assert list(counters.failed) == [1]
+    assert fast.write_limits([0], [25.0]) == {}
+    assert (tmp_path / "pods" / "a" / "cpu.max").read_text() == "25000 100000"
+
+
+counter_text = st.one_of(
+    st.integers(0, 2**64).map(str),
+    st.sampled_from(["", " ", "+5", "-1", "1_0", "1 2", "x", "٣", "9" * 19]),
+)
+
+
+@given(st.lists(st.tuples(counter_text, st.sampled_from(["\n", "", " \n"])), max_size=6))
+def test_counters_parsed_at_once_agree_with_one_at_a_time(files: list[tuple[str, str]]) -> None:
+    texts = [(value + end).encode() for value, end in files]
+    alone: list[int | None] = []
+    for text in texts:
+        try:
+            alone.append(parse_int(text.decode("ascii", "replace"), "f"))
+        except CounterError:
+            alone.append(None)
+    together = parse_counts(texts)
+    assert together == (None if None in alone else alone)
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from(["a", "b", "|", "c"]), counter_text), max_size=3),
+        max_size=5,
+    )
+)
+def test_keyed_files_parsed_at_once_agree_with_one_at_a_time(
+    files: list[list[tuple[str, str]]],
+) -> None:
+    texts = ["".join(f"{key} {value}\n" for key, value in lines).encode() for lines in files]
+    alone: list[dict[str, int] | None] = []
+    for text in texts:
+        try:
+            alone.append(parse_keyed(text.decode("ascii", "replace"), "f"))
+        except CounterError:
+            alone.append(None)
+    together = parse_keyed_many(texts, (b"a", b"b"))
+    if together is not None:
+        assert all(parsed is not None for parsed in alone)
+        assert together == [[p.get(key, 0) for p in alone if p is not None] for key in "ab"]
+    elif all(parsed is not None for parsed in alone):
+        layouts = {tuple(text.split()[::2]) for text in texts}
+        long_values = any(len(field) >= 19 for text in texts for field in text.split())
+        assert len(layouts) > 1 or any(b"|" in text for text in texts) or long_values

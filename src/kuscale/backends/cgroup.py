@@ -13,17 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kuscale.backends.base import BackendError, RangeError
-from kuscale.backends.batch import OneAtATime
+import numpy as np
+from numpy.typing import NDArray
+
+from kuscale.backends.base import BackendError, CounterError, RangeError
 from kuscale.backends.files import (
+    MAX_COUNTER,
     DescriptorCache,
     confine,
+    parse_counts,
     parse_int,
     parse_key,
     parse_keyed,
+    parse_keyed_many,
     read_text,
     write_text,
 )
+from kuscale.backends.kernelset import CgroupFiles, KernelCgroupSet
 from kuscale.backends.pressure import Pressure, PressureTrigger, read_pressure
 from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters
 
@@ -62,19 +68,8 @@ def quota_to_limit(quota_us: int, period_us: int) -> float | None:
 
 
 PERIOD_CACHE_SIZE = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupFiles:
-    """The files of one cgroup a tick reads and writes, resolved and confined once."""
-
-    cgroup: str
-    stat: str
-    quota: str
-    usage: str = ""
-    """v1's cpuacct.usage; v2 keeps usage in cpu.stat."""
-    period: str = ""
-    """v1's cpu.cfs_period_us; v2 writes the period with the quota in cpu.max."""
+MAX_USAGE_USEC = MAX_COUNTER // 1000
+"""v2 counts usage in µs, kept in ns: a larger count is garbage."""
 
 
 class _CgroupTree:
@@ -87,6 +82,11 @@ class _CgroupTree:
     """
 
     mode = ""
+    counter_roles: tuple[str, ...] = ()
+    """The files a sample reads, in the order `counters_from` takes them."""
+    period_role = ""
+    """The file a quota's period is read from afresh at each write; "" where the tree
+    remembers the period."""
 
     def __init__(self, cpu_root: Path, usage_root: Path) -> None:
         self.cpu_root = cpu_root
@@ -95,7 +95,7 @@ class _CgroupTree:
         self._usage_dir = str(usage_root)
         self._capacity = node_cpu_capacity()
         self._periods: dict[str, int] = {}
-        self._files = DescriptorCache(truncate=not is_cgroup_mount(cpu_root))
+        self.descriptors = DescriptorCache(truncate=not is_cgroup_mount(cpu_root))
 
     def _roots(self) -> tuple[Path, ...]:
         if self.cpu_root == self.usage_root:
@@ -129,13 +129,13 @@ class _CgroupTree:
         self._periods.pop(cgroup, None)
         for root in self._roots():
             with contextlib.suppress(BackendError):
-                self._files.forget(confine(root, cgroup))
+                self.descriptors.forget(confine(root, cgroup))
 
     def remove(self, cgroup: str) -> None:
         """Remove an empty cgroup; one already gone is fine."""
         self._periods.pop(cgroup, None)
         for root in self._roots():
-            self._files.forget(confine(root, cgroup))
+            self.descriptors.forget(confine(root, cgroup))
             try:
                 os.rmdir(confine(root, cgroup))
             except FileNotFoundError:
@@ -165,19 +165,33 @@ class _CgroupTree:
     def throttled(self, files: CgroupFiles) -> int:
         """nr_throttled from cpu.stat (v1 and v2 alike), through the descriptor the tick keeps
         open: the watch between ticks reads this one file per pod."""
-        return parse_key(self._files.read(files.stat), "nr_throttled", files.stat)
+        return parse_key(self.descriptors.read(files.stat), "nr_throttled", files.stat)
 
-    def cgroup_set(self, cgroups: Sequence[str]) -> OneAtATime[CgroupFiles]:
-        """The tick's reads and writes of many cgroups, through paths resolved once."""
-        handles: list[CgroupFiles | BackendError] = []
-        for cgroup in cgroups:
-            try:
-                handles.append(self.files_of(cgroup))
-            except BackendError as err:
-                handles.append(err)
-        return OneAtATime(
-            cgroups, handles, self.sample, self.throttled, self.write_quota, self.is_empty
-        )
+    def cgroup_set(self, cgroups: Sequence[str]) -> KernelCgroupSet:
+        """The tick's reads and writes of many cgroups, through descriptors kept open."""
+        return KernelCgroupSet(self, cgroups)
+
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+        raise NotImplementedError
+
+    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+        raise NotImplementedError
+
+    def known_period(self, files: CgroupFiles) -> int:
+        return self._period(files.cgroup)
+
+    def quotas(self, limits: NDArray[np.float64], periods: NDArray[np.int64]) -> NDArray[np.int64]:
+        """`limit_to_quota` of many limits; -1 where it would refuse one."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            quotas = np.rint(limits / 100.0 * periods)
+            fits = (
+                np.isfinite(quotas)
+                & (periods >= MIN_PERIOD_US)
+                & (periods <= MAX_PERIOD_US)
+                & (quotas >= MIN_QUOTA_US)
+                & (quotas <= MAX_QUOTA_US)
+            )
+        return np.where(fits, quotas, -1).astype(np.int64)
 
     def _read_period(self, cgroup: str) -> int:
         raise NotImplementedError
@@ -193,6 +207,16 @@ class _CgroupTree:
 
 class CgroupV1(_CgroupTree):
     mode = "cgroup-v1"
+    counter_roles = ("usage", "stat")
+    period_role = "period"
+
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+        usage = parse_counts(texts[0])
+        stat = parse_keyed_many(texts[1], (b"nr_periods", b"nr_throttled"))
+        return None if usage is None or stat is None else (usage, *stat)
+
+    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+        return [b"%d" % quota for quota in quotas]
 
     def files_of(self, cgroup: str) -> CgroupFiles:
         cpu = confine(self._cpu_dir, cgroup)
@@ -205,8 +229,8 @@ class CgroupV1(_CgroupTree):
         )
 
     def sample(self, files: CgroupFiles) -> CpuCounters:
-        usage = parse_int(self._files.read(files.usage), files.usage)
-        stat = parse_keyed(self._files.read(files.stat), files.stat)
+        usage = parse_int(self.descriptors.read(files.usage), files.usage)
+        stat = parse_keyed(self.descriptors.read(files.stat), files.stat)
         return CpuCounters(
             usage_ns=usage,
             nr_periods=stat.get("nr_periods", 0),
@@ -234,9 +258,9 @@ class CgroupV1(_CgroupTree):
         if limit is None:
             value = "-1"
         else:
-            period = parse_int(self._files.read(files.period), files.period)
+            period = parse_int(self.descriptors.read(files.period), files.period)
             value = str(limit_to_quota(limit, period))
-        self._files.write(files.quota, value)
+        self.descriptors.write(files.quota, value)
 
     def read_shares(self, cgroup: str) -> int:
         path = confine(self.cpu_root, cgroup) + "/cpu.shares"
@@ -250,6 +274,20 @@ class CgroupV1(_CgroupTree):
 
 class CgroupV2(_CgroupTree):
     mode = "cgroup-v2"
+    counter_roles = ("stat",)
+    period_role = ""
+
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+        stat = texts[0]
+        if not stat or not _has_key(stat[0], b"usage_usec"):
+            return None
+        values = parse_keyed_many(stat, (b"usage_usec", b"nr_periods", b"nr_throttled"))
+        if values is None or max(values[0], default=0) > MAX_USAGE_USEC:
+            return None
+        return [usec * 1000 for usec in values[0]], values[1], values[2]
+
+    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+        return [b"%d %d" % pair for pair in zip(quotas, periods, strict=True)]
 
     def create(self, cgroup: str) -> None:
         """v2 gives a child the cpu files only when every ancestor delegates the controller."""
@@ -269,9 +307,11 @@ class CgroupV2(_CgroupTree):
 
     def sample(self, files: CgroupFiles) -> CpuCounters:
         path = files.stat
-        stat = parse_keyed(self._files.read(path), path)
+        stat = parse_keyed(self.descriptors.read(path), path)
         if "usage_usec" not in stat:
             raise BackendError(f"{path} has no usage_usec")
+        if stat["usage_usec"] > MAX_USAGE_USEC:
+            raise CounterError(f"{path}: usage_usec is past any counter the kernel keeps")
         return CpuCounters(
             usage_ns=stat["usage_usec"] * 1000,
             nr_periods=stat.get("nr_periods", 0),
@@ -314,7 +354,7 @@ class CgroupV2(_CgroupTree):
     def write_quota(self, files: CgroupFiles, limit: float | None) -> None:
         period = self._period(files.cgroup)
         quota = "max" if limit is None else str(limit_to_quota(limit, period))
-        self._files.write(files.quota, f"{quota} {period}")
+        self.descriptors.write(files.quota, f"{quota} {period}")
 
     def read_pressure(self, cgroup: str) -> Pressure:
         return read_pressure(confine(self._cpu_dir, cgroup) + "/cpu.pressure")
@@ -324,6 +364,10 @@ class CgroupV2(_CgroupTree):
         return PressureTrigger(
             confine(self._cpu_dir, cgroup) + "/cpu.pressure", stall_us, window_us
         )
+
+
+def _has_key(text: bytes, key: bytes) -> bool:
+    return text.startswith(key + b" ") or b"\n" + key + b" " in text
 
 
 def shares_to_weight(shares: int) -> int:

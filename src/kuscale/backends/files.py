@@ -10,6 +10,7 @@ import errno
 import functools
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, CgroupGone, CounterError
@@ -105,6 +106,62 @@ def parse_key(text: str, key: str, path: str | Path) -> int:
     return _counter(value, f"{path}: {key}")
 
 
+_DIGITS_AND_SPACE = b"0123456789 \t\n\r\x0b\x0c"
+_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_UNSURE_COUNTER = b"0" * len(str(MAX_COUNTER))
+"""As many digits as the largest counter (every digit made 0): such a value is left for
+`parse_keyed` to judge."""
+
+
+def parse_counts(texts: Sequence[bytes]) -> list[int] | None:
+    """Many one-counter files at once, as `parse_int` would read each; None when any of
+    them is not a counter, for the caller to find which one by one."""
+    if b"".join(texts).translate(None, _DIGITS_AND_SPACE):
+        return None
+    try:
+        values = list(map(int, texts))
+    except ValueError:
+        return None
+    if values and max(values) > MAX_COUNTER:
+        return None
+    return values
+
+
+_SEPARATOR = b"|"
+
+
+def parse_keyed_many(texts: Sequence[bytes], keys: Sequence[bytes]) -> list[list[int]] | None:
+    """`keys`' values in many flat keyed files laid out alike (every cpu.stat of one
+    kernel is), one list per key, as `parse_keyed` would read each; a missing key reads 0.
+    None when any file's layout differs from the first's or any value is not a counter,
+    for the caller to find which one by one.
+
+    The files are joined with a separator that no counter file holds, so that one split
+    yields a grid whose every row is a file: its width and its keys are checked column by
+    column, which costs a few C-level passes rather than a Python step per file."""
+    if not texts:
+        return [[] for _ in keys]
+    first = texts[0].split()
+    width, count = len(first), len(texts)
+    stride = width + 1
+    joined = (b" " + _SEPARATOR + b" ").join(texts)
+    fields = joined.split()
+    if (
+        width % 2
+        or len(fields) != stride * count - 1
+        or joined.count(_SEPARATOR) != count - 1
+        or fields[width::stride].count(_SEPARATOR) != count - 1
+        or any(fields[j::stride].count(first[j]) != count for j in range(0, width, 2))
+    ):
+        return None
+    columns = [fields[j::stride] for j in range(1, width, 2)]
+    values = b" ".join(b" ".join(column) for column in columns)
+    if values.translate(None, b"0123456789 ") or _UNSURE_COUNTER in values.translate(_ZEROS):
+        return None
+    last = dict(zip(first[0::2], columns, strict=True))  # a repeated key keeps its last value
+    return [list(map(int, last[key])) if key in last else [0] * count for key in keys]
+
+
 class DescriptorCache:
     """Cgroup files kept open, re-read and rewritten at offset 0 every tick.
 
@@ -121,6 +178,23 @@ class DescriptorCache:
         self.truncate = truncate
         self._readers: dict[str, int] = {}
         self._writers: dict[str, int] = {}
+        self.generation = 0
+        """Counts the descriptors closed: a batch that took descriptors from this cache may
+        use them only while it is unchanged, as a closed number is soon another file's."""
+
+    def reader(self, path: str) -> int:
+        """The kept read descriptor of `path`, opened now if need be."""
+        fd = self._readers.get(path)
+        return self._open(self._readers, path, os.O_RDONLY) if fd is None else fd
+
+    def writer(self, path: str) -> int:
+        """The kept write descriptor of `path`, opened now if need be."""
+        fd = self._writers.get(path)
+        return self._open(self._writers, path, os.O_WRONLY) if fd is None else fd
+
+    def reserve(self, descriptors: int) -> None:
+        """Keep at least this many of a kind: a batch's descriptors must outlive its pass."""
+        self.size = max(self.size, descriptors)
 
     def read(self, path: str) -> str:
         fd = self._readers.get(path)
@@ -128,12 +202,12 @@ class DescriptorCache:
             try:
                 return os.pread(fd, 65536, 0).decode("ascii", errors="replace")
             except OSError:
-                _close(self._readers, path)
+                self._close(self._readers, path)
         fd = self._open(self._readers, path, os.O_RDONLY)
         try:
             return os.pread(fd, 65536, 0).decode("ascii", errors="replace")
         except OSError as err:
-            _close(self._readers, path)
+            self._close(self._readers, path)
             raise BackendError(f"cannot read {path}: {err.strerror}") from err
 
     def write(self, path: str, value: str) -> None:
@@ -144,12 +218,12 @@ class DescriptorCache:
                 self._put(fd, data)
                 return
             except OSError:
-                _close(self._writers, path)
+                self._close(self._writers, path)
         fd = self._open(self._writers, path, os.O_WRONLY)
         try:
             self._put(fd, data)
         except OSError as err:
-            _close(self._writers, path)
+            self._close(self._writers, path)
             raise BackendError(f"kernel refused {value!r} for {path}: {err.strerror}") from err
 
     def _put(self, fd: int, data: bytes) -> None:
@@ -160,7 +234,7 @@ class DescriptorCache:
     def _open(self, table: dict[str, int], path: str, mode: int) -> int:
         fd = table[path] = _open(path, mode)
         if len(table) > self.size:
-            _close(table, next(iter(table)))
+            self._close(table, next(iter(table)))
         return fd
 
     def forget(self, directory: str) -> None:
@@ -168,18 +242,18 @@ class DescriptorCache:
         prefix = directory + "/"
         for table in (self._readers, self._writers):
             for path in [p for p in table if p.startswith(prefix)]:
-                _close(table, path)
+                self._close(table, path)
 
     def close(self) -> None:
         for table in (self._readers, self._writers):
             for path in list(table):
-                _close(table, path)
+                self._close(table, path)
 
-
-def _close(table: dict[str, int], path: str) -> None:
-    fd = table.pop(path, None)
-    if fd is not None:
-        os.close(fd)
+    def _close(self, table: dict[str, int], path: str) -> None:
+        fd = table.pop(path, None)
+        if fd is not None:
+            self.generation += 1
+            os.close(fd)
 
 
 def _open(path: str, mode: int) -> int:

@@ -83,7 +83,10 @@ class Actuation:
             unchanged = c.changed[rows, resource] & (rise >= 0.0) & (rise < WRITE_RESOLUTION)
             due = np.flatnonzero(ok & ~unchanged)
             if direct is None:
-                written = [i for i in due.tolist() if self._actuate(pods[i], resource, asked[i])]
+                written = np.array(
+                    [i for i in due.tolist() if self._actuate(pods[i], resource, asked[i])],
+                    dtype=np.int64,
+                )
             else:
                 written = self._write_through(direct, pods, positions, due, asked)
             c.limit[rows[written], resource] = charged[written]
@@ -96,14 +99,14 @@ class Actuation:
         positions: IntArray,
         due: IntArray,
         asked: FloatArray,
-    ) -> list[int]:
+    ) -> IntArray:
         """The CPU limits of pods the actuator took over, written in one pass; those that
         fail keep (and are charged for) the limit they held."""
         due = due[[pods[i].held is not None for i in due.tolist()]]
         failed = writer.write_limits(positions[due].tolist(), asked[due].tolist())
         for i, err in failed.items():
             count_error(self.stats, pods[int(due[i])].spec, err)
-        return [int(i) for n, i in enumerate(due.tolist()) if n not in failed]
+        return np.delete(due, list(failed))
 
     def _valid(
         self, pods: list[PodState], uses: np.ndarray, resource: Resource, wanted: FloatArray

@@ -61,7 +61,7 @@ class Decider:
             demand=c.demand[rows],
             uses=uses,
             capacity=self.reach,
-            keys=tuple(pod.key for pod in sample.pods),
+            keys=sample.keys,
             throttled=sample.throttled,
             spread=spread,
             weighted=self.weighted,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +31,7 @@ class Sample:
     """Pods with a trustworthy sample this tick, in the order they arrived."""
 
     pods: list[PodState]
+    keys: tuple[str, ...]
     rows: IntArray
     positions: IntArray
     """Each pod's place among the ready pods, and in `writer`."""
@@ -46,6 +48,7 @@ class Ready:
 
     membership: int
     pods: list[PodState]
+    keys: tuple[str, ...]
     rows: IntArray
     owned: list[int]
     """Positions of the pods whose cgroups kuscale made (they complete when empty)."""
@@ -59,6 +62,18 @@ class Ready:
     counters: CgroupSet
     writer: CgroupSet | None
     """The actuator's writer for the same cgroups, where it writes them directly."""
+
+
+Picked = TypeVar("Picked", list[PodState], tuple[str, ...])
+
+
+def picked(items: Picked, places: IntArray) -> Picked:
+    """The items at `places` (ascending), or all of them, unchanged, where none was left out:
+    the common tick, which then builds no new list per pod."""
+    if places.size == len(items):
+        return items
+    chosen = [items[i] for i in places.tolist()]
+    return chosen if isinstance(items, list) else tuple(chosen)
 
 
 class Sampler:
@@ -96,6 +111,7 @@ class Sampler:
             self._ready = Ready(
                 membership=membership,
                 pods=pods,
+                keys=tuple(p.key for p in pods),
                 rows=np.array([p.row for p in pods], dtype=np.int64),
                 owned=[i for i, p in enumerate(pods) if p.spec.owned],
                 managed=np.array(
@@ -133,7 +149,8 @@ class Sampler:
         read = alive[which]
         at = np.array(which, dtype=np.int64)[read]
         return self._measure(
-            [ready.pods[i] for i in at.tolist()],
+            picked(ready.pods, at),
+            picked(ready.keys, at),
             ready.writer,
             at,
             ready.rows[at],
@@ -191,6 +208,7 @@ class Sampler:
     def _measure(
         self,
         pods: list[PodState],
+        keys: tuple[str, ...],
         writer: CgroupSet | None,
         positions: IntArray,
         rows: IntArray,
@@ -259,7 +277,8 @@ class Sampler:
         starved[:, GPU] = gpu & pinned[:, GPU]
         throttled[:, GPU] = np.where(starved[:, GPU], 1.0, 0.0)
         return Sample(
-            pods=[pods[i] for i in keep.tolist()],
+            pods=picked(pods, keep),
+            keys=picked(keys, keep),
             rows=rows,
             positions=positions[keep],
             writer=writer,

@@ -1,0 +1,266 @@
+"""The kernel trees' cgroup set: a tick's reads and writes at the speed of the system calls.
+
+Per file kept open, one pread or pwrite in a tight pass over the set, and the answers of
+all cgroups parsed at once. The checked path (one cgroup at a time, through the tree's
+descriptor cache, with its retries and its errors) answers for any cgroup whose call failed
+or whose file held what the kernel does not write, so every failure and every piece of
+garbage is told exactly as when cgroups are asked one by one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kuscale.backends.base import BackendError
+from kuscale.backends.batch import CounterArrays, Counts, Failures, OneAtATime, Positions, counts
+from kuscale.backends.files import DescriptorCache, parse_counts, parse_keyed_many
+from kuscale.model import CpuCounters
+
+BUFFER = 4096
+"""Bytes read per file: every cpu.stat, cpuacct.usage and period file is far shorter."""
+
+Texts = list[bytes | None]
+"""One file's contents per cgroup asked; None where the call failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupFiles:
+    """The files of one cgroup a tick reads and writes, resolved and confined once."""
+
+    cgroup: str
+    stat: str
+    quota: str
+    usage: str = ""
+    """v1's cpuacct.usage; v2 keeps usage in cpu.stat."""
+    period: str = ""
+    """v1's cpu.cfs_period_us; v2 writes the period with the quota in cpu.max."""
+
+
+class KernelTree(Protocol):
+    """What the set needs of a cgroup tree: its descriptors, its checked one-cgroup calls,
+    and how its files are laid out."""
+
+    descriptors: DescriptorCache
+    counter_roles: tuple[str, ...]
+    """The files a sample reads, in the order `counters_from` takes them."""
+    period_role: str
+    """The file a quota's period is read from afresh at each write, or "" where the tree
+    remembers the period."""
+
+    def files_of(self, cgroup: str) -> CgroupFiles: ...
+
+    def sample(self, files: CgroupFiles) -> CpuCounters: ...
+
+    def throttled(self, files: CgroupFiles) -> int: ...
+
+    def write_quota(self, files: CgroupFiles, limit: float | None) -> None: ...
+
+    def is_empty(self, cgroup: str) -> bool: ...
+
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+        """usage_ns, nr_periods and nr_throttled of every cgroup, from its files' contents
+        in `counter_roles` order; None where any is not what the kernel writes."""
+        ...
+
+    def known_period(self, files: CgroupFiles) -> int:
+        """The period the tree remembers (where it has no file of its own)."""
+        ...
+
+    def quotas(self, limits: NDArray[np.float64], periods: Counts) -> NDArray[np.int64]:
+        """Each limit's quota, or -1 where the kernel would refuse it."""
+        ...
+
+    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+        """What the quota file takes, for each quota and the period it was made for."""
+        ...
+
+
+class KernelCgroupSet:
+    """A fixed list of cgroups of one kernel tree (see the module's docstring)."""
+
+    def __init__(self, tree: KernelTree, cgroups: Sequence[str]) -> None:
+        handles: list[CgroupFiles | BackendError] = []
+        for cgroup in cgroups:
+            try:
+                handles.append(tree.files_of(cgroup))
+            except BackendError as err:
+                handles.append(err)
+        self.tree = tree
+        self.handles = handles
+        self.checked = OneAtATime(
+            cgroups, handles, tree.sample, tree.throttled, tree.write_quota, tree.is_empty
+        )
+        self._generation = -1
+        self._fds: dict[str, list[int]] = {}
+        tree.descriptors.reserve(len(handles) * max(len(tree.counter_roles), 2) + 1)
+
+    def _descriptors(self, role: str, writing: bool = False) -> list[int]:
+        """The role's descriptor per cgroup, -1 where none could be opened (the checked
+        path then says why); taken again from the cache once it closed any."""
+        cache = self.tree.descriptors
+        if cache.generation != self._generation:
+            self._fds.clear()
+        fds = self._fds.get(role)
+        if fds is None:
+            fds = self._fds[role] = [self._open(handle, role, writing) for handle in self.handles]
+            self._generation = cache.generation
+        return fds
+
+    def _open(self, handle: CgroupFiles | BackendError, role: str, writing: bool) -> int:
+        if isinstance(handle, BackendError):
+            return -1
+        path: str = getattr(handle, role)
+        cache = self.tree.descriptors
+        try:
+            return cache.writer(path) if writing else cache.reader(path)
+        except BackendError:
+            return -1
+
+    def _read_all(self, role: str, which: list[int]) -> Texts:
+        fds = self._descriptors(role)
+        pread = os.pread
+        try:
+            return [pread(fds[index], BUFFER, 0) for index in which]
+        except OSError:
+            return [_pread_or_none(fds[index]) for index in which]
+
+    def read(self, which: Positions) -> CounterArrays:
+        asked = list(which)
+        texts = [self._read_all(role, asked) for role in self.tree.counter_roles]
+        whole = [answered for role in texts if (answered := _whole(role)) is not None]
+        if len(whole) == len(texts):
+            values = self.tree.counters_from(whole)
+            if values is not None:
+                usage, periods, throttled = values
+                return CounterArrays(counts(usage), counts(periods), counts(throttled), {})
+        return self._read_each(asked, texts)
+
+    def _read_each(self, asked: list[int], texts: list[Texts]) -> CounterArrays:
+        """Some cgroup failed or holds what the kernel does not write: each is parsed on
+        its own, and any that still does not answer is asked alone by the checked path,
+        which says which and why."""
+        answers: list[tuple[int, ...]] = []
+        failed: Failures = {}
+        for i, index in enumerate(asked):
+            own = [[text] for role in texts if (text := role[i]) is not None]
+            values = self.tree.counters_from(own) if len(own) == len(texts) else None
+            if values is not None:
+                answers.append(tuple(value[0] for value in values))
+                continue
+            alone = self.checked.read([index])
+            answers.append((alone.usage_ns[0], alone.nr_periods[0], alone.nr_throttled[0]))
+            if alone.failed:
+                failed[i] = alone.failed[0]
+        usage, periods, throttled = zip(*answers, strict=True) if answers else ((), (), ())
+        return CounterArrays(
+            counts(list(usage)), counts(list(periods)), counts(list(throttled)), failed
+        )
+
+    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
+        asked = list(which)
+        texts = _whole(self._read_all("stat", asked))
+        if texts is not None:
+            values = parse_keyed_many(texts, (b"nr_throttled",))
+            if values is not None:
+                return counts(values[0]), {}
+        return self.checked.read_throttled(asked)
+
+    def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
+        return self.checked.empty(which)
+
+    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
+        """Quotas the kernel would refuse, and writes that fail, go through the checked
+        path, which refuses or retries them one by one."""
+        asked = list(which)
+        wanted = np.asarray(limits, dtype=np.float64)
+        periods = self._periods(asked)
+        quotas = self.tree.quotas(wanted, counts(periods))
+        refused = np.flatnonzero(quotas < 0).tolist()
+        kept = asked
+        if refused:
+            kept = np.delete(np.array(asked, dtype=np.int64), refused).tolist()
+            periods = np.delete(np.array(periods, dtype=np.int64), refused).tolist()
+            quotas = np.delete(quotas, refused)
+        fds = self._descriptors("quota", writing=True)
+        texts = self.tree.quota_texts(quotas.tolist(), periods)
+        failed = sorted(refused + _unwritten([fds[i] for i in kept], texts, self._truncate))
+        if not failed:
+            return {}
+        failures = self.checked.write_limits(
+            [asked[i] for i in failed], [float(wanted[i]) for i in failed]
+        )
+        return {failed[n]: err for n, err in failures.items()}
+
+    def _periods(self, asked: list[int]) -> list[int]:
+        """Each cgroup's CFS period: read afresh where the tree keeps it in a file of its
+        own, else what the tree remembers; 0 where it cannot be known here (the checked
+        write then tries, and says why)."""
+        role = self.tree.period_role
+        if not role:
+            return [self._known_period(index) for index in asked]
+        texts = self._read_all(role, asked)
+        whole = _whole(texts)
+        values = None if whole is None else parse_counts(whole)
+        return [_count_or_zero(text) for text in texts] if values is None else values
+
+    def _known_period(self, index: int) -> int:
+        handle = self.handles[index]
+        if isinstance(handle, BackendError):
+            return 0
+        try:
+            return self.tree.known_period(handle)
+        except BackendError:
+            return 0
+
+    @property
+    def _truncate(self) -> bool:
+        return self.tree.descriptors.truncate
+
+
+def _whole(texts: Texts) -> list[bytes] | None:
+    """The texts, if every call answered."""
+    answered = [text for text in texts if text is not None]
+    return answered if len(answered) == len(texts) else None
+
+
+def _unwritten(fds: list[int], texts: list[bytes], truncate: bool) -> list[int]:
+    """Each text written whole at offset 0 of its file (and, in a fixture tree of regular
+    files, the rest cut off, which the kernel's files do not need), in one tight pass; the
+    places of those that failed, found on a second, careful pass when any did."""
+    pwrite, ftruncate = os.pwrite, os.ftruncate
+    try:
+        if truncate:
+            for fd, text in zip(fds, texts, strict=True):
+                pwrite(fd, text, 0)
+                ftruncate(fd, len(text))
+        else:
+            for fd, text in zip(fds, texts, strict=True):
+                pwrite(fd, text, 0)
+    except OSError:
+        return [
+            i
+            for i, (fd, text) in enumerate(zip(fds, texts, strict=True))
+            if _unwritten([fd], [text], truncate)
+        ]
+    return []
+
+
+def _pread_or_none(fd: int) -> bytes | None:
+    try:
+        return os.pread(fd, BUFFER, 0)
+    except OSError:
+        return None
+
+
+def _count_or_zero(text: bytes | None) -> int:
+    """One period file's counter; 0 where it failed or is garbage."""
+    if text is None:
+        return 0
+    values = parse_counts([text])
+    return 0 if values is None else values[0]
