@@ -70,8 +70,10 @@ class Actuation:
         the pods' places in it), else pod by pod."""
         c = self.table.columns
         for resource in resources:
-            wanted = limits[:, resource]
             uses = c.uses[rows, resource]
+            if not uses.any():
+                continue
+            wanted = limits[:, resource]
             ok = uses & self._valid(pods, uses, resource, wanted)
             wanted = self._clamped(pods, resource, wanted, ok)
             if self.monitor_only:
@@ -106,7 +108,7 @@ class Actuation:
         failed = writer.write_limits(positions[due].tolist(), asked[due].tolist())
         for i, err in failed.items():
             count_error(self.stats, pods[int(due[i])].spec, err)
-        return np.delete(due, list(failed))
+        return np.delete(due, list(failed)) if failed else due
 
     def _valid(
         self, pods: list[PodState], uses: np.ndarray, resource: Resource, wanted: FloatArray
