@@ -8,10 +8,12 @@ gone cgroup completes its pod); the others are measured as one array.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kuscale.actuators.base import CpuActuator
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
@@ -48,6 +50,8 @@ class Ready:
 
     membership: int
     pods: list[PodState]
+    everyone: list[int]
+    """Every pod's position: what a tick reads when none completed before it."""
     keys: tuple[str, ...]
     rows: IntArray
     owned: list[int]
@@ -62,6 +66,14 @@ class Ready:
     counters: CgroupSet
     writer: CgroupSet | None
     """The actuator's writer for the same cgroups, where it writes them directly."""
+
+
+def _keeper(keep: IntArray, size: int) -> Callable[[NDArray[Any]], NDArray[Any]]:
+    """Picks the entries at `keep` of an array of `size`, or hands it back unchanged where
+    all are kept: the common tick, which then copies nothing."""
+    if keep.size == size:
+        return lambda values: values
+    return lambda values: values[keep]
 
 
 Picked = TypeVar("Picked", list[PodState], tuple[str, ...])
@@ -111,6 +123,7 @@ class Sampler:
             self._ready = Ready(
                 membership=membership,
                 pods=pods,
+                everyone=list(range(len(pods))),
                 keys=tuple(p.key for p in pods),
                 rows=np.array([p.row for p in pods], dtype=np.int64),
                 owned=[i for i, p in enumerate(pods) if p.spec.owned],
@@ -142,23 +155,25 @@ class Sampler:
                 if empty[i] and alive[index]:
                     self.lifecycle.complete(ready.pods[index], "its last process exited")
                     alive[index] = False
-        which = np.flatnonzero(alive).tolist()
+        everyone = bool(alive.all())
+        which = ready.everyone if everyone else np.flatnonzero(alive).tolist()
         counters = ready.counters.read(which)
         self._fail(ready, which, counters.failed, alive)
         gpu_busy = self._read_gpus(ready, which, alive)
-        read = alive[which]
-        at = np.array(which, dtype=np.int64)[read]
+        at = np.arange(len(which)) if everyone else np.array(which, dtype=np.int64)
+        read = _keeper(np.flatnonzero(alive[at]), at.size)
+        at = read(at)
         return self._measure(
             picked(ready.pods, at),
             picked(ready.keys, at),
             ready.writer,
             at,
-            ready.rows[at],
+            ready.rows if at.size == len(ready.pods) else ready.rows[at],
             now,
-            counters.usage_ns[read],
-            counters.nr_periods[read],
-            counters.nr_throttled[read],
-            gpu_busy[read],
+            read(counters.usage_ns),
+            read(counters.nr_periods),
+            read(counters.nr_throttled),
+            read(gpu_busy),
         )
 
     def _start_waiting(self, waiting: list[PodState], now: float) -> None:
@@ -222,6 +237,7 @@ class Sampler:
         baseline, or whose counters went backwards, are left out."""
         c = self.table.columns
         gpu = c.uses[rows, GPU]
+        any_gpu = bool(gpu.any())
         previous_usage, previous_busy = c.cpu_usage_ns[rows], c.gpu_busy_ns[rows]
         previous_periods, previous_throttled = c.nr_periods[rows], c.nr_throttled[rows]
         last_update, had_baseline = c.last_update[rows], c.has_baseline[rows]
@@ -230,12 +246,14 @@ class Sampler:
             nr_periods,
             nr_throttled,
         )
-        c.gpu_busy_ns[rows] = np.where(gpu, gpu_busy, 0)
+        c.gpu_busy_ns[rows] = np.where(gpu, gpu_busy, 0) if any_gpu else 0
         c.has_baseline[rows] = True
         c.last_update[rows] = now
         elapsed = now - np.where(np.isnan(last_update), now, last_update)
         timed = had_baseline & (elapsed > 0)
-        backwards = timed & ((usage_ns < previous_usage) | (gpu & (gpu_busy < previous_busy)))
+        backwards = timed & (usage_ns < previous_usage)
+        if any_gpu:
+            backwards |= timed & gpu & (gpu_busy < previous_busy)
         for i in np.flatnonzero(backwards).tolist():
             self.stats.errors["backwards"] += 1
             pod_event(
@@ -245,22 +263,21 @@ class Sampler:
                 "pod %s: a counter went backwards; taking a new baseline",
             )
         keep = np.flatnonzero(timed & ~backwards)
-        rows, elapsed, gpu = rows[keep], elapsed[keep], gpu[keep]
+        kept = _keeper(keep, rows.size)
+        rows, elapsed, gpu = kept(rows), kept(elapsed), kept(gpu)
         wall_ns = elapsed * 1e9
         usage = np.zeros((keep.size, 2))
         usage[:, CPU] = np.minimum(
-            (usage_ns[keep] - previous_usage[keep]) * 100.0 / wall_ns, self.ceilings[CPU]
+            (kept(usage_ns) - kept(previous_usage)) * 100.0 / wall_ns, self.ceilings[CPU]
         )
-        busy = np.minimum(
-            (gpu_busy[keep] - previous_busy[keep]) * 100.0 / wall_ns, self.ceilings[GPU]
-        )
-        usage[:, GPU] = np.where(gpu, busy, 0.0)
-        periods = nr_periods[keep] - previous_periods[keep]
+        previous_throttled = kept(previous_throttled)
+        periods = kept(nr_periods) - kept(previous_periods)
         marks = c.raised_mark[rows]
-        answered = np.where(marks == NO_MARK, previous_throttled[keep], marks)
-        throttled_periods = nr_throttled[keep] - np.maximum(previous_throttled[keep], answered)
+        answered = np.where(marks == NO_MARK, previous_throttled, marks)
+        nr_throttled = kept(nr_throttled)
+        throttled_periods = nr_throttled - np.maximum(previous_throttled, answered)
         c.raised_mark[rows] = NO_MARK
-        c.throttle_mark[rows] = nr_throttled[keep]
+        c.throttle_mark[rows] = nr_throttled
         starved = np.zeros((keep.size, 2), dtype=np.bool_)
         throttled = np.zeros((keep.size, 2))
         counted = periods > 0
@@ -272,15 +289,21 @@ class Sampler:
         # Where CFS counted periods its throttle count is the evidence; usage near the
         # limit stands in only where nothing counts (a GPU): a budget that squeezed a
         # limit just above usage is not a pod asking for more.
-        pinned = usage >= self.pinned_at * c.limit[rows]
-        starved[:, CPU] = (throttled_periods > 0) | (~counted & pinned[:, CPU])
-        starved[:, GPU] = gpu & pinned[:, GPU]
-        throttled[:, GPU] = np.where(starved[:, GPU], 1.0, 0.0)
+        limits = c.limit[rows]
+        pinned_cpu = usage[:, CPU] >= self.pinned_at * limits[:, CPU]
+        starved[:, CPU] = (throttled_periods > 0) | (~counted & pinned_cpu)
+        if any_gpu:
+            busy = np.minimum(
+                (kept(gpu_busy) - kept(previous_busy)) * 100.0 / wall_ns, self.ceilings[GPU]
+            )
+            usage[:, GPU] = np.where(gpu, busy, 0.0)
+            starved[:, GPU] = gpu & (usage[:, GPU] >= self.pinned_at * limits[:, GPU])
+            throttled[:, GPU] = np.where(starved[:, GPU], 1.0, 0.0)
         return Sample(
             pods=picked(pods, keep),
             keys=picked(keys, keep),
             rows=rows,
-            positions=positions[keep],
+            positions=kept(positions),
             writer=writer,
             elapsed=elapsed,
             usage=usage,

@@ -26,7 +26,7 @@ from kuscale.policy.base import (
 )
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
-from kuscale.policy.podstage import solve_pods
+from kuscale.policy.podstage import solve_within, spend_curves
 from kuscale.policy.waterfill import water_fill
 from kuscale.tokens import advance_queue
 
@@ -39,16 +39,24 @@ class KuscalePolicy:
         self.prices = config.prices()
         self.minimums = config.minimums()
         self.overcommit = np.array([config.resource(r).overcommit for r in RESOURCES])
+        self._bounds_for = b""
+        self._bounds = np.zeros(len(RESOURCES))
 
     def upper_bounds(self, capacity: FloatArray) -> FloatArray:
-        """Per-pod caps: the configured max, never above what the node has."""
-        caps = [self.config.resource(r).max for r in RESOURCES]
-        return np.array(
-            [
-                capacity[r] if cap is None else min(cap, capacity[r])
-                for r, cap in zip(RESOURCES, caps, strict=True)
-            ]
-        )
+        """Per-pod caps: the configured max, never above what the node has. Kept for the
+        last capacity asked: a node's capacity changes seldom, and every tick asks."""
+        key = capacity.tobytes()
+        if key != self._bounds_for:
+            caps = [self.config.resource(r).max for r in RESOURCES]
+            self._bounds = np.array(
+                [
+                    capacity[r] if cap is None else min(cap, capacity[r])
+                    for r, cap in zip(RESOURCES, caps, strict=True)
+                ]
+            )
+            self._bounds.flags.writeable = False
+            self._bounds_for = key
+        return self._bounds
 
     def admit(
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
@@ -73,7 +81,7 @@ class KuscalePolicy:
         queue = advance_queue(
             obs.queue, obs.tokens, obs.limits, prices, obs.elapsed, obs.tokens * cfg.burst_seconds
         )
-        upper = np.broadcast_to(self.upper_bounds(obs.capacity), obs.usage.shape)
+        upper = self.upper_bounds(obs.capacity)
         spread = np.zeros_like(obs.usage) if obs.spread is None else obs.spread
         demand = estimate_demand(
             obs.usage,
@@ -91,23 +99,11 @@ class KuscalePolicy:
         budget = self.budget(obs.tokens, queue, obs.period)
         demand = self.leap_within_budget(demand, obs.starved, obs.limits, prices, budget)
         available = obs.tokens * obs.period
-        lower = np.broadcast_to(self.minimums, obs.usage.shape)
-        prices_each = np.broadcast_to(self.prices, obs.usage.shape)
-        desired = solve_pods(
-            demand, prices_each, weights, lower, upper, budget, available, obs.uses
-        )
+        curves = spend_curves(demand, self.prices, weights, self.minimums, upper, obs.uses)
+        desired = solve_within(curves, budget, available)
         free = np.minimum(self.free_spend(queue, obs.tokens, obs.period), budget)
         if (free > 0).any():
-            generous = solve_pods(
-                demand,
-                prices_each,
-                weights,
-                lower,
-                upper,
-                free,
-                np.full(free.shape, np.inf),
-                obs.uses,
-            )
+            generous = solve_within(curves, free, np.full(free.shape, np.inf))
             desired = np.maximum(desired, generous)
         weighted = np.zeros(len(RESOURCES), dtype=bool) if obs.weighted is None else obs.weighted
         limits = self.share_node(

@@ -10,27 +10,38 @@ inside the segment that holds B. All pods at once, with numpy.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kuscale.policy.base import BoolArray, FloatArray
 
 
-def solve_pods(
+@dataclass(frozen=True, slots=True)
+class SpendCurves:
+    """Every pod's spend g(c) as a piecewise linear curve: its breakpoints and the spend at
+    each. They depend on the pods' demand, prices, weights and bounds, not on the budget, so
+    one set of curves answers any number of budgets."""
+
+    demand: FloatArray
+    slope: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+    breaks: FloatArray
+    spend: FloatArray
+    uses: BoolArray
+
+
+def spend_curves(
     demand: FloatArray,
     prices: FloatArray,
     weights: FloatArray,
     lower: FloatArray,
     upper: FloatArray,
-    budget: FloatArray,
-    available: FloatArray,
     uses: BoolArray,
-) -> FloatArray:
-    """Limits (n, m) for every pod; resources a pod does not use get 0.
-
-    `prices`, `weights`, bounds and `demand` are (n, m); `budget` B and `available` A are (n,).
-    A pod whose budget cannot buy its lower bounds gets its lower bounds (admission refuses
-    such pods; this keeps the arithmetic total).
-    """
+) -> SpendCurves:
+    """`weights` and `demand` are (n, m); `prices` and bounds (n, m), or (m,) where every pod
+    has the same."""
     p = np.where(uses, prices, 0.0)
     w = np.where(uses, weights, 1.0)
     lo = np.where(uses, lower, 0.0)
@@ -43,9 +54,32 @@ def solve_pods(
     first = np.where(used_twice, breaks, np.inf).min(axis=1, keepdims=True)
     breaks = np.sort(np.where(used_twice, breaks, first), axis=1)
     spend = (p[:, None, :] * _limits_at(breaks, d, slope, lo, hi)).sum(axis=2)
-    level = np.minimum(_crossing(breaks, spend, budget), available / 2.0)
-    limits = _limits_at(level[:, None], d, slope, lo, hi)[:, 0, :]
-    return np.where(uses, limits, 0.0)
+    return SpendCurves(d, slope, lo, hi, breaks, spend, uses)
+
+
+def solve_within(curves: SpendCurves, budget: FloatArray, available: FloatArray) -> FloatArray:
+    """Limits (n, m) for every pod under budget B and available A, both (n,); resources a
+    pod does not use get 0. A pod whose budget cannot buy its lower bounds gets its lower
+    bounds (admission refuses such pods; this keeps the arithmetic total)."""
+    level = np.minimum(_crossing(curves.breaks, curves.spend, budget), available / 2.0)
+    limits = _limits_at(level[:, None], curves.demand, curves.slope, curves.lower, curves.upper)
+    return np.where(curves.uses, limits[:, 0, :], 0.0)
+
+
+def solve_pods(
+    demand: FloatArray,
+    prices: FloatArray,
+    weights: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    budget: FloatArray,
+    available: FloatArray,
+    uses: BoolArray,
+) -> FloatArray:
+    """The pod stage in one call (see `spend_curves` and `solve_within`)."""
+    return solve_within(
+        spend_curves(demand, prices, weights, lower, upper, uses), budget, available
+    )
 
 
 def _limits_at(
