@@ -4,6 +4,7 @@ failure stays with its own cgroup."""
 from __future__ import annotations
 
 import math
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,13 @@ from hypothesis import strategies as st
 from kuscale.backends.base import BackendError, CgroupGone, CounterError, RangeError
 from kuscale.backends.batch import each_cgroup
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
-from kuscale.backends.files import parse_counts, parse_int, parse_keyed, parse_keyed_many
+from kuscale.backends.files import (
+    allow_open_files,
+    parse_counts,
+    parse_int,
+    parse_keyed,
+    parse_keyed_many,
+)
 from kuscale.sim.node import SimCpu, SimNode, SimPod
 from kuscale.workload import Schedule
 
@@ -182,3 +189,15 @@ def test_keyed_files_parsed_at_once_agree_with_one_at_a_time(
         layouts = {tuple(text.split()[::2]) for text in texts}
         long_values = any(len(field) >= 19 for text in texts for field in text.split())
         assert len(layouts) > 1 or any(b"|" in text for text in texts) or long_values
+
+
+def test_the_agent_may_keep_as_many_files_open_as_the_hard_limit_allows() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(256, soft)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        allowed = allow_open_files()
+        assert allowed == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert allowed > lowered or hard == lowered
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -409,6 +409,7 @@ def _locked_record(args: argparse.Namespace) -> OriginalsRecord:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from kuscale.backends.files import allow_open_files
     from kuscale.exporter import AddressError, MetricsExporter
     from kuscale.local.agent import LocalAgent
     from kuscale.local.statedir import StateDir
@@ -424,6 +425,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.local and args.actuator != "cgroup":
         raise CliError("--actuator resize needs --kubernetes: local workloads have no pod spec")
     config = _config(args)
+    log.info(
+        "up to %d files open (the tick keeps each pod's cgroup files open)", allow_open_files()
+    )
     exporter = MetricsExporter(args.node_name)
     listeners: list[Callable[[dict[str, Any]], None]] = [exporter.on_tick]
     recorder = None

@@ -6,10 +6,12 @@ component, so a pod name or id from outside can never reach a file outside that 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import re
+import resource
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,6 +162,27 @@ def parse_keyed_many(texts: Sequence[bytes], keys: Sequence[bytes]) -> list[list
         return None
     last = dict(zip(first[0::2], columns, strict=True))  # a repeated key keeps its last value
     return [list(map(int, last[key])) if key in last else [0] * count for key in keys]
+
+
+def allow_open_files() -> int:
+    """Raise this process's soft limit of open files to its hard limit, and return it.
+
+    The tick keeps three or four cgroup files open per pod, so a thousand pods need about
+    four thousand descriptors, and a service manager's default soft limit (systemd's is
+    1024) would fail pods' reads from about the 250th on. The hard limit is what the
+    operator allowed; the soft one is only a default for programs that do not ask."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return soft
+    wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+MAX_OPEN_FILES = 1 << 20
+"""Asked for where the hard limit is unlimited: the kernel's default nr_open."""
 
 
 class DescriptorCache:
