@@ -111,11 +111,17 @@ def test_a_set_reads_the_right_files_after_the_cache_closed_and_reused_descripto
         kernel_files(tmp_path, name, f"{i}\n", STAT.format(i, i))
     fast = v1_tree.cgroup_set(names)
     assert fast.read(range(6)).usage_ns.tolist() == list(range(6))
-    v1_tree.descriptors.size = 1
     for name in reversed(names):
         v1_tree.read(name)
+    v1_tree.descriptors.size = 1
     assert fast.read(range(6)).usage_ns.tolist() == list(range(6))
     assert fast.read_throttled([4, 2])[0].tolist() == [4, 2]
+    small = CgroupV1(v1_tree.cpu_root, v1_tree.usage_root)
+    fresh = small.cgroup_set(names)
+    small.descriptors.size = 1
+    assert fresh.read(range(6)).nr_periods.tolist() == list(range(6))
+    assert fresh.write_limits(range(6), [10.0 + i for i in range(6)]) == {}
+    assert [small.read_limit(name) for name in names] == [10.0 + i for i in range(6)]
 
 
 def test_a_set_writes_quotas_for_the_period_each_cgroup_holds_now(
@@ -132,6 +138,16 @@ def test_a_set_writes_quotas_for_the_period_each_cgroup_holds_now(
     refused = fast.write_limits([0, 1], [0.5, math.nan])
     assert sorted(refused) == [0, 1] and all(isinstance(e, RangeError) for e in refused.values())
     assert (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").read_text() == "30000"
+    kernel_files(tmp_path, "pods/c", "1\n", STAT.format(1, 0))
+    unwritable = tmp_path / "cpu" / "pods" / "c" / "cpu.cfs_quota_us"
+    unwritable.unlink()
+    unwritable.mkdir()
+    mixed = v1_tree.cgroup_set(["pods/a", "pods/b", "pods/c"]).write_limits(
+        [0, 2, 1], [math.inf, 20.0, 20.0]
+    )
+    assert isinstance(mixed[0], RangeError) and not isinstance(mixed[1], RangeError)
+    assert len(mixed) == 2
+    assert (tmp_path / "cpu" / "pods" / "b" / "cpu.cfs_quota_us").read_text() == "10000"
 
 
 def test_a_v2_set_reads_usage_in_microseconds_and_writes_cpu_max(

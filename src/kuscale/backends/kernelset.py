@@ -25,6 +25,9 @@ from kuscale.model import CpuCounters
 BUFFER = 4096
 """Bytes read per file: every cpu.stat, cpuacct.usage and period file is far shorter."""
 
+RESERVE_MARGIN = 256
+"""Descriptors kept beyond a set's own, for the one-cgroup calls between its passes."""
+
 Texts = list[bytes | None]
 """One file's contents per cgroup asked; None where the call failed."""
 
@@ -98,19 +101,28 @@ class KernelCgroupSet:
         )
         self._generation = -1
         self._fds: dict[str, list[int]] = {}
-        tree.descriptors.reserve(len(handles) * max(len(tree.counter_roles), 2) + 1)
+        files_read = len(tree.counter_roles) + bool(tree.period_role)
+        tree.descriptors.reserve(len(handles) * files_read + RESERVE_MARGIN)
 
     def _descriptors(self, role: str, writing: bool = False) -> list[int]:
         """The role's descriptor per cgroup, -1 where none could be opened (the checked
-        path then says why); taken again from the cache once it closed any."""
+        path then says why); taken again from the cache once it closed any, since a closed
+        number soon names another file. A cache that closes descriptors while they are
+        being taken (it holds fewer than the set needs) is not trusted with this call:
+        every cgroup then goes by the checked path."""
         cache = self.tree.descriptors
-        if cache.generation != self._generation:
-            self._fds.clear()
-        fds = self._fds.get(role)
-        if fds is None:
-            fds = self._fds[role] = [self._open(handle, role, writing) for handle in self.handles]
-            self._generation = cache.generation
-        return fds
+        for _ in range(2):
+            if cache.generation != self._generation:
+                self._fds.clear()
+                self._generation = cache.generation
+            fds = self._fds.get(role)
+            if fds is not None:
+                return fds
+            fds = [self._open(handle, role, writing) for handle in self.handles]
+            if cache.generation == self._generation:
+                self._fds[role] = fds
+                return fds
+        return [-1] * len(self.handles)
 
     def _open(self, handle: CgroupFiles | BackendError, role: str, writing: bool) -> int:
         if isinstance(handle, BackendError):
@@ -190,15 +202,12 @@ class KernelCgroupSet:
         wanted = np.asarray(limits, dtype=np.float64)
         periods = self._periods(asked)
         quotas = self.tree.quotas(wanted, counts(periods))
-        refused = np.flatnonzero(quotas < 0).tolist()
-        kept = asked
-        if refused:
-            kept = np.delete(np.array(asked, dtype=np.int64), refused).tolist()
-            periods = np.delete(np.array(periods, dtype=np.int64), refused).tolist()
-            quotas = np.delete(quotas, refused)
+        refused = quotas < 0
+        places = np.flatnonzero(~refused).tolist() if refused.any() else range(len(asked))
         fds = self._descriptors("quota", writing=True)
-        texts = self.tree.quota_texts(quotas.tolist(), periods)
-        failed = sorted(refused + _unwritten([fds[i] for i in kept], texts, self._truncate))
+        texts = self.tree.quota_texts(quotas[places].tolist(), [periods[i] for i in places])
+        unwritten = _unwritten([fds[asked[i]] for i in places], texts, self._truncate)
+        failed = sorted(np.flatnonzero(refused).tolist() + [places[i] for i in unwritten])
         if not failed:
             return {}
         failures = self.checked.write_limits(
@@ -255,9 +264,19 @@ def _unwritten(fds: list[int], texts: list[bytes], truncate: bool) -> list[int]:
         return [
             i
             for i, (fd, text) in enumerate(zip(fds, texts, strict=True))
-            if _unwritten([fd], [text], truncate)
+            if not _written(fd, text, truncate)
         ]
     return []
+
+
+def _written(fd: int, text: bytes, truncate: bool) -> bool:
+    try:
+        os.pwrite(fd, text, 0)
+        if truncate:
+            os.ftruncate(fd, len(text))
+    except OSError:
+        return False
+    return True
 
 
 def _picked(texts: Texts, places: list[int]) -> list[bytes]:
