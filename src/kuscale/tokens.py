@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from kuscale.rows import row_sum
+
 FloatArray = NDArray[np.float64]
 
 
 def spend_rate(limits: FloatArray, prices: FloatArray) -> FloatArray:
     """Tokens per second each pod's current limits cost: Σ_r p_r·L_r."""
-    return np.asarray((limits * prices).sum(axis=1), dtype=np.float64)
+    return row_sum(limits * prices)
 
 
 def advance_queue(

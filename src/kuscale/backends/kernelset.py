@@ -202,12 +202,15 @@ class KernelCgroupSet:
         wanted = np.asarray(limits, dtype=np.float64)
         periods = self._periods(asked)
         quotas = self.tree.quotas(wanted, counts(periods))
-        refused = quotas < 0
-        places = np.flatnonzero(~refused).tolist() if refused.any() else range(len(asked))
+        refused = np.flatnonzero(quotas < 0).tolist()
+        places = list(range(len(asked)))
+        if refused:
+            places = np.flatnonzero(quotas >= 0).tolist()
+            quotas, periods = quotas[places], [periods[i] for i in places]
         fds = self._descriptors("quota", writing=True)
-        texts = self.tree.quota_texts(quotas[places].tolist(), [periods[i] for i in places])
+        texts = self.tree.quota_texts(quotas.tolist(), periods)
         unwritten = _unwritten([fds[asked[i]] for i in places], texts, self._truncate)
-        failed = sorted(np.flatnonzero(refused).tolist() + [places[i] for i in unwritten])
+        failed = sorted(refused + [places[i] for i in unwritten])
         if not failed:
             return {}
         failures = self.checked.write_limits(

@@ -28,6 +28,7 @@ from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_within, spend_curves
 from kuscale.policy.waterfill import water_fill
+from kuscale.rows import row_sum
 from kuscale.tokens import advance_queue
 
 
@@ -136,7 +137,7 @@ class KuscalePolicy:
         leap on the dear GPU starves the CPU of the same pod, whose leap then starves the
         GPU, and the pod pays for both."""
         spend = prices * demand
-        others = spend.sum(axis=1, keepdims=True) - spend
+        others = row_sum(spend)[:, None] - spend
         room = (budget[:, None] - others) / np.where(prices > 0, prices, 1.0)
         capped = np.minimum(demand, np.maximum(room, limits))
         return np.where(starved, capped, demand)
@@ -151,7 +152,7 @@ class KuscalePolicy:
         cpu = Resource.CPU
         prices = np.where(obs.uses, self.prices, 0.0)
         budget = self.budget(obs.tokens, obs.queue, obs.period)
-        others = (prices * obs.limits).sum(axis=1) - prices[:, cpu] * obs.limits[:, cpu]
+        others = row_sum(prices * obs.limits) - prices[:, cpu] * obs.limits[:, cpu]
         cap = float(self.upper_bounds(obs.capacity)[cpu])
         affordable = np.minimum((budget - others) / self.prices[cpu], cap)
         wanted = np.maximum(affordable, obs.limits[:, cpu])

@@ -10,6 +10,7 @@ import numpy as np
 
 from kuscale.config import PolicyConfig
 from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
+from kuscale.rows import row_sum
 from kuscale.tokens import advance_queue
 
 USAGE_WEIGHT_SCALE = 15.0
@@ -29,8 +30,8 @@ def usage_weights(
     S = Σ_r (avg_r + 1), W = 15·Σ_r (avg_r + 1)/(u_r + 1), w_r = W·p_r·S/(avg_r + 1).
     """
     shifted_avg = np.where(uses, avg_usage + 1.0, 0.0)
-    total = shifted_avg.sum(axis=1, keepdims=True)
-    scale = USAGE_WEIGHT_SCALE * (shifted_avg / (usage + 1.0)).sum(axis=1, keepdims=True)
+    total = row_sum(shifted_avg)[:, None]
+    scale = USAGE_WEIGHT_SCALE * row_sum(shifted_avg / (usage + 1.0))[:, None]
     return np.where(uses, scale * prices * total / np.maximum(shifted_avg, 1.0), 1.0)
 
 
@@ -88,9 +89,7 @@ class OriginalPolicy:
     ) -> FloatArray:
         """Steps 5-6: the unconstrained maximiser, else its projection onto the budget."""
         free = usage + prices * available[:, None] / (2.0 * weights)
-        fits = (prices * free).sum(axis=1) * period <= available
-        surplus = available / period - (prices * usage).sum(axis=1)
-        projected = (
-            usage + (prices / weights) * (surplus / (prices**2 / weights).sum(axis=1))[:, None]
-        )
+        fits = row_sum(prices * free) * period <= available
+        surplus = available / period - row_sum(prices * usage)
+        projected = usage + (prices / weights) * (surplus / row_sum(prices**2 / weights))[:, None]
         return np.where(fits[:, None], free, projected)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kuscale.policy.base import BoolArray, FloatArray
+from kuscale.rows import row_count, row_min, row_sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,9 @@ def spend_curves(
     safe_slope = np.where(uses, slope, 1.0)
     breaks = np.concatenate([(lo - d) / safe_slope, (hi - d) / safe_slope], axis=1)
     used_twice = np.concatenate([uses, uses], axis=1)
-    first = np.where(used_twice, breaks, np.inf).min(axis=1, keepdims=True)
+    first = row_min(np.where(used_twice, breaks, np.inf))[:, None]
     breaks = np.sort(np.where(used_twice, breaks, first), axis=1)
-    spend = (p[:, None, :] * _limits_at(breaks, d, slope, lo, hi)).sum(axis=2)
+    spend = row_sum(p[:, None, :] * _limits_at(breaks, d, slope, lo, hi))
     return SpendCurves(d, slope, lo, hi, breaks, spend, uses)
 
 
@@ -98,7 +99,7 @@ def _crossing(breaks: FloatArray, spend: FloatArray, budget: FloatArray) -> Floa
     and one above g(c_last) gives a level over c_last (all at upper bounds).
     """
     k_last = breaks.shape[1] - 1
-    k = (spend <= budget[:, None]).sum(axis=1) - 1
+    k = row_count(spend <= budget[:, None]) - 1
     rows = np.arange(breaks.shape[0])
     inner = np.clip(k, 0, k_last - 1)
     c0, c1 = breaks[rows, inner], breaks[rows, inner + 1]
