@@ -16,7 +16,7 @@ from kuscale.config import PolicyConfig, ResourceConfig
 from kuscale.policy.base import FloatArray, Observation
 from kuscale.policy.default import KuscalePolicy
 from kuscale.policy.demand import estimate_demand
-from kuscale.policy.podstage import solve_pods
+from kuscale.policy.podstage import solve_within, spend_curves
 from kuscale.policy.waterfill import water_fill
 
 PRICES = np.array([1.0, 3.0])
@@ -82,16 +82,15 @@ def pod_stage(
     upper: tuple[float, float] = (200.0, 100.0),
     uses: tuple[bool, bool] = (True, True),
 ) -> FloatArray:
-    limits = solve_pods(
+    curves = spend_curves(
         arr(demand),
         PRICES[None, :],
         PRICES[None, :] * 10.0,
         MINIMUMS[None, :],
         np.array([upper]),
-        np.array([tokens]),
-        np.array([available]),
         np.array([uses]),
     )
+    limits = solve_within(curves, np.array([tokens]), np.array([available]))
     row: FloatArray = limits[0]
     return row
 
@@ -179,16 +178,15 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
 def test_pod_stage_equals_a_general_qp_solver(case: dict[str, Any]) -> None:
     weights = PRICES * case["static_v"]
     available = case["tokens"] * case["period"]
-    ours = solve_pods(
+    curves = spend_curves(
         case["demand"][None, :],
         PRICES[None, :],
         weights[None, :],
         MINIMUMS[None, :],
         case["upper"][None, :],
-        np.array([case["tokens"]]),
-        np.array([available]),
         np.array([[True, True]]),
-    )[0]
+    )
+    ours = solve_within(curves, np.array([case["tokens"]]), np.array([available]))[0]
     assert ours @ PRICES <= case["tokens"] * (1 + 1e-9)
     assert np.all(ours >= MINIMUMS - 1e-9)
     assert np.all(ours <= np.maximum(case["upper"], MINIMUMS) + 1e-9)

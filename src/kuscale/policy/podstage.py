@@ -67,22 +67,6 @@ def solve_within(curves: SpendCurves, budget: FloatArray, available: FloatArray)
     return np.where(curves.uses, limits[:, 0, :], 0.0)
 
 
-def solve_pods(
-    demand: FloatArray,
-    prices: FloatArray,
-    weights: FloatArray,
-    lower: FloatArray,
-    upper: FloatArray,
-    budget: FloatArray,
-    available: FloatArray,
-    uses: BoolArray,
-) -> FloatArray:
-    """The pod stage in one call (see `spend_curves` and `solve_within`)."""
-    return solve_within(
-        spend_curves(demand, prices, weights, lower, upper, uses), budget, available
-    )
-
-
 def _limits_at(
     levels: FloatArray, d: FloatArray, slope: FloatArray, lo: FloatArray, hi: FloatArray
 ) -> FloatArray:
