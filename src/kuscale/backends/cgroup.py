@@ -279,7 +279,7 @@ class CgroupV2(_CgroupTree):
 
     def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
         stat = texts[0]
-        if not stat or not _has_key(stat[0], b"usage_usec"):
+        if not stat or b"usage_usec" not in stat[0].split()[0::2]:
             return None
         values = parse_keyed_many(stat, (b"usage_usec", b"nr_periods", b"nr_throttled"))
         if values is None or max(values[0], default=0) > MAX_USAGE_USEC:
@@ -364,10 +364,6 @@ class CgroupV2(_CgroupTree):
         return PressureTrigger(
             confine(self._cpu_dir, cgroup) + "/cpu.pressure", stall_us, window_us
         )
-
-
-def _has_key(text: bytes, key: bytes) -> bool:
-    return text.startswith(key + b" ") or b"\n" + key + b" " in text
 
 
 def shares_to_weight(shares: int) -> int:

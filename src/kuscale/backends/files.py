@@ -164,6 +164,10 @@ def parse_keyed_many(texts: Sequence[bytes], keys: Sequence[bytes]) -> list[list
     return [list(map(int, last[key])) if key in last else [0] * count for key in keys]
 
 
+MAX_OPEN_FILES = 1 << 20
+"""Asked for where the hard limit is unlimited: the kernel's default nr_open."""
+
+
 def allow_open_files() -> int:
     """Raise this process's soft limit of open files to its hard limit, and return it.
 
@@ -179,10 +183,6 @@ def allow_open_files() -> int:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-MAX_OPEN_FILES = 1 << 20
-"""Asked for where the hard limit is unlimited: the kernel's default nr_open."""
 
 
 class DescriptorCache:

@@ -168,7 +168,7 @@ class Sampler:
             picked(ready.keys, at),
             ready.writer,
             at,
-            ready.rows if at.size == len(ready.pods) else ready.rows[at],
+            _keeper(at, len(ready.pods))(ready.rows),
             now,
             read(counters.usage_ns),
             read(counters.nr_periods),
