@@ -25,7 +25,10 @@ T = TypeVar("T")
 Failures = dict[int, BackendError]
 """Position in the request → why that cgroup could not be read; its values are 0."""
 Positions = Sequence[int] | NDArray[np.int64]
-"""Which cgroups of a set to ask, by their place in it."""
+"""Which cgroups of a set to ask, by their place in it: ascending, each at most once (so
+as many as the set holds means all of them)."""
+Limits = Sequence[float] | NDArray[np.float64]
+"""A limit in percent per cgroup asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ class CgroupSet(Protocol):
         """True where no process is left in the cgroup (for cgroups kuscale made)."""
         ...
 
-    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Limits) -> Failures:
         """Each cgroup's limit in percent, checked against the kernel's range first."""
         ...
 
@@ -123,9 +126,9 @@ class OneAtATime(Generic[Handle]):
         answers, failed = self._each(which, lambda _, i: is_empty(cgroups[which[i]]), False)
         return np.array(answers, dtype=np.bool_), failed
 
-    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Limits) -> Failures:
         write = self._write_limit
-        return self._each(which, lambda handle, i: write(handle, limits[i]), None)[1]
+        return self._each(which, lambda handle, i: write(handle, float(limits[i])), None)[1]
 
 
 def each_cgroup(backend: CpuBackend, cgroups: Sequence[str]) -> OneAtATime[str]:

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kuscale.backends.base import BackendError, CounterError, RangeError
+from kuscale.backends.batch import Counts
 from kuscale.backends.files import (
     MAX_COUNTER,
     DescriptorCache,
@@ -171,10 +172,10 @@ class _CgroupTree:
         """The tick's reads and writes of many cgroups, through descriptors kept open."""
         return KernelCgroupSet(self, cgroups)
 
-    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         raise NotImplementedError
 
-    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+    def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
         raise NotImplementedError
 
     def known_period(self, files: CgroupFiles) -> int:
@@ -210,13 +211,13 @@ class CgroupV1(_CgroupTree):
     counter_roles = ("usage", "stat")
     period_role = "period"
 
-    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         usage = parse_counts(texts[0])
         stat = parse_keyed_many(texts[1], (b"nr_periods", b"nr_throttled"))
         return None if usage is None or stat is None else (usage, *stat)
 
-    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
-        return [b"%d" % quota for quota in quotas]
+    def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
+        return [b"%d" % quota for quota in quotas.tolist()]
 
     def files_of(self, cgroup: str) -> CgroupFiles:
         cpu = confine(self._cpu_dir, cgroup)
@@ -277,17 +278,17 @@ class CgroupV2(_CgroupTree):
     counter_roles = ("stat",)
     period_role = ""
 
-    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         stat = texts[0]
         if not stat or b"usage_usec" not in stat[0].split()[0::2]:
             return None
         values = parse_keyed_many(stat, (b"usage_usec", b"nr_periods", b"nr_throttled"))
-        if values is None or max(values[0], default=0) > MAX_USAGE_USEC:
+        if values is None or (values[0] > MAX_USAGE_USEC).any():
             return None
-        return [usec * 1000 for usec in values[0]], values[1], values[2]
+        return values[0] * 1000, values[1], values[2]
 
-    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
-        return [b"%d %d" % pair for pair in zip(quotas, periods, strict=True)]
+    def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
+        return [b"%d %d" % pair for pair in zip(quotas.tolist(), periods.tolist(), strict=True)]
 
     def create(self, cgroup: str) -> None:
         """v2 gives a child the cpu files only when every ancestor delegates the controller."""

@@ -15,6 +15,9 @@ import resource
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kuscale.backends.base import BackendError, CgroupGone, CounterError
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
@@ -108,60 +111,87 @@ def parse_key(text: str, key: str, path: str | Path) -> int:
     return _counter(value, f"{path}: {key}")
 
 
-_DIGITS_AND_SPACE = b"0123456789 \t\n\r\x0b\x0c"
-_ZEROS = bytes.maketrans(b"123456789", b"000000000")
-_UNSURE_COUNTER = b"0" * len(str(MAX_COUNTER))
-"""As many digits as the largest counter (every digit made 0): such a value is left for
-`parse_keyed` to judge."""
+_SPACE = b" \t\n\r\x0b\x0c"
+_DIGITS_AND_SPACE = b"0123456789" + _SPACE
+_JOINER = b"|"
+SURE_COUNTER = 10**18
+"""Values below this are parsed many at once; a larger one (19 digits or more), which may
+not fit int64, is left for `parse_int` or `parse_keyed` to judge, one file at a time."""
+_NOT_VALUES = bytes(set(range(256)) - set(_DIGITS_AND_SPACE))
+"""Every byte of a keyed file that is not part of a value or the space around it: its keys."""
 
 
-def parse_counts(texts: Sequence[bytes]) -> list[int] | None:
-    """Many one-counter files at once, as `parse_int` would read each; None when any of
-    them is not a counter, for the caller to find which one by one."""
-    if b"".join(texts).translate(None, _DIGITS_AND_SPACE):
-        return None
+def _counters_of(text: bytes, sep: str, expected: int) -> NDArray[np.int64] | None:
+    """`expected` counters separated by `sep` (spaces around it optional), parsed by numpy's
+    C reader in one call; None when the text does not hold exactly that many, each sure."""
     try:
-        values = list(map(int, texts))
+        values = np.fromstring(text, dtype=np.int64, sep=sep)
     except ValueError:
         return None
-    if values and max(values) > MAX_COUNTER:
+    if values.size != expected or (expected and values.max() >= SURE_COUNTER):
         return None
     return values
 
 
-_SEPARATOR = b"|"
+def parse_counts(texts: Sequence[bytes]) -> NDArray[np.int64] | None:
+    """Many one-counter files at once, as `parse_int` would read each; None when any of
+    them is not a counter, or not surely one (see SURE_COUNTER), for the caller to find
+    which one by one.
+
+    The files are joined by a byte no counter holds. With only digits and spaces between
+    the joiners, and some digit between every two, numpy's reader takes one number per
+    file or fails where a file holds two."""
+    joined = _JOINER.join(texts)
+    if joined.translate(None, _DIGITS_AND_SPACE) != _JOINER * (len(texts) - 1):
+        return None
+    if texts and _JOINER * 2 in _JOINER + joined.translate(None, _SPACE) + _JOINER:
+        return None
+    return _counters_of(joined, " | ", len(texts))
 
 
-def parse_keyed_many(texts: Sequence[bytes], keys: Sequence[bytes]) -> list[list[int]] | None:
+_FILE_END = b"\x0c"
+"""Ends each keyed file where many are joined: a space to numpy's reader, in no key (keys
+hold no space), and in no line of the pattern below, so each match ends a file."""
+
+
+@functools.lru_cache(maxsize=16)
+def _keyed_layout(keys: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """Any number of files, each exactly `keys` in order, one `key value` line each as the
+    kernel writes them, then _FILE_END: what a tick's files of one kernel all look like."""
+    lines = b"".join(re.escape(key) + rb" [0-9]++\n" for key in keys)
+    return re.compile(b"(?:" + lines + re.escape(_FILE_END) + b")*+")
+
+
+def parse_keyed_many(
+    texts: Sequence[bytes], keys: Sequence[bytes]
+) -> list[NDArray[np.int64]] | None:
     """`keys`' values in many flat keyed files laid out alike (every cpu.stat of one
-    kernel is), one list per key, as `parse_keyed` would read each; a missing key reads 0.
-    None when any file's layout differs from the first's or any value is not a counter,
-    for the caller to find which one by one.
+    kernel is), one array per key, as `parse_keyed` would read each; a missing key reads 0.
+    None when any file's layout differs from the first's, any value is not surely a counter
+    (see SURE_COUNTER), or a key holds a digit, for the caller to find which one by one.
 
-    The files are joined with a separator that no counter file holds, so that one split
-    yields a grid whose every row is a file: its width and its keys are checked column by
-    column, which costs a few C-level passes rather than a Python step per file."""
-    if not texts:
-        return [[] for _ in keys]
-    first = texts[0].split()
-    width, count = len(first), len(texts)
-    stride = width + 1
-    joined = (b" " + _SEPARATOR + b" ").join(texts)
-    fields = joined.split()
-    if (
-        width % 2
-        or len(fields) != stride * count - 1
-        or joined.count(_SEPARATOR) != count - 1
-        or fields[width::stride].count(_SEPARATOR) != count - 1
-        or any(fields[j::stride].count(first[j]) != count for j in range(0, width, 2))
-    ):
+    One regular expression made from the first file's keys checks every file at once: it
+    matches one file per _FILE_END byte, so more than were given where a file holds one,
+    and then more values than the files' keys. The keys deleted, numpy's C reader parses
+    the values that are left."""
+    count = len(texts)
+    first = texts[0].split()[0::2] if texts else []
+    if any(key.translate(None, _NOT_VALUES) for key in first):
         return None
-    columns = [fields[j::stride] for j in range(1, width, 2)]
-    values = b" ".join(b" ".join(column) for column in columns)
-    if values.translate(None, b"0123456789 ") or _UNSURE_COUNTER in values.translate(_ZEROS):
+    joined = _FILE_END.join([*texts, b""])
+    if not _keyed_layout(tuple(first)).fullmatch(joined):
         return None
-    last = dict(zip(first[0::2], columns, strict=True))  # a repeated key keeps its last value
-    return [list(map(int, last[key])) if key in last else [0] * count for key in keys]
+    if not first:  # every file empty, or holding only _FILE_END: no key, so every key reads 0
+        return [np.zeros(count, dtype=np.int64) for _ in keys]
+    values = _counters_of(joined.translate(None, _NOT_VALUES), " ", count * len(first))
+    if values is None:
+        return None
+    grid = values.reshape(count, len(first))
+    last = {key: column for column, key in enumerate(first)}  # a repeated key keeps its last
+    return [
+        grid[:, last[key]].copy() if key in last else np.zeros(count, dtype=np.int64)
+        for key in keys
+    ]
 
 
 MAX_OPEN_FILES = 1 << 20

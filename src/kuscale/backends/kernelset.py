@@ -12,13 +12,21 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kuscale.backends.base import BackendError
-from kuscale.backends.batch import CounterArrays, Counts, Failures, OneAtATime, Positions, counts
+from kuscale.backends.batch import (
+    CounterArrays,
+    Counts,
+    Failures,
+    Limits,
+    OneAtATime,
+    Positions,
+    counts,
+)
 from kuscale.backends.files import DescriptorCache, parse_counts, parse_keyed_many
 from kuscale.model import CpuCounters
 
@@ -66,7 +74,7 @@ class KernelTree(Protocol):
 
     def is_empty(self, cgroup: str) -> bool: ...
 
-    def counters_from(self, texts: list[list[bytes]]) -> tuple[list[int], ...] | None:
+    def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         """usage_ns, nr_periods and nr_throttled of every cgroup, from its files' contents
         in `counter_roles` order; None where any is not what the kernel writes."""
         ...
@@ -79,7 +87,7 @@ class KernelTree(Protocol):
         """Each limit's quota, or -1 where the kernel would refuse it."""
         ...
 
-    def quota_texts(self, quotas: list[int], periods: list[int]) -> list[bytes]:
+    def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
         """What the quota file takes, for each quota and the period it was made for."""
         ...
 
@@ -134,23 +142,27 @@ class KernelCgroupSet:
         except BackendError:
             return -1
 
-    def _read_all(self, role: str, which: list[int]) -> Texts:
+    def _read_all(self, role: str, which: list[int]) -> tuple[Texts, bool]:
+        """The role's file of each cgroup asked, and whether every call answered."""
         fds = self._descriptors(role)
+        if len(which) < len(fds):  # positions ascend without repeats: else they are all
+            fds = list(map(fds.__getitem__, which))
         pread = os.pread
         try:
-            return [pread(fds[index], BUFFER, 0) for index in which]
+            return [pread(fd, BUFFER, 0) for fd in fds], True
         except OSError:
-            return [_pread_or_none(fds[index]) for index in which]
+            texts = [_pread_or_none(fd) for fd in fds]
+            return texts, None not in texts
 
     def read(self, which: Positions) -> CounterArrays:
         asked = list(which)
-        texts = [self._read_all(role, asked) for role in self.tree.counter_roles]
-        whole = [answered for role in texts if (answered := _whole(role)) is not None]
-        if len(whole) == len(texts):
-            values = self.tree.counters_from(whole)
+        answers = [self._read_all(role, asked) for role in self.tree.counter_roles]
+        texts = [role for role, _ in answers]
+        if all(whole for _, whole in answers):
+            values = self.tree.counters_from(cast(list[list[bytes]], texts))
             if values is not None:
                 usage, periods, throttled = values
-                return CounterArrays(counts(usage), counts(periods), counts(throttled), {})
+                return CounterArrays(usage, periods, throttled, {})
         return self._read_apart(asked, texts)
 
     def _read_apart(self, asked: list[int], texts: list[Texts]) -> CounterArrays:
@@ -185,31 +197,33 @@ class KernelCgroupSet:
 
     def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
         asked = list(which)
-        texts = _whole(self._read_all("stat", asked))
-        if texts is not None:
-            values = parse_keyed_many(texts, (b"nr_throttled",))
+        texts, whole = self._read_all("stat", asked)
+        if whole:
+            values = parse_keyed_many(cast(list[bytes], texts), (b"nr_throttled",))
             if values is not None:
-                return counts(values[0]), {}
+                return values[0], {}
         return self.checked.read_throttled(asked)
 
     def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
         return self.checked.empty(which)
 
-    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Limits) -> Failures:
         """Quotas the kernel would refuse, and writes that fail, go through the checked
         path, which refuses or retries them one by one."""
         asked = list(which)
         wanted = np.asarray(limits, dtype=np.float64)
         periods = self._periods(asked)
-        quotas = self.tree.quotas(wanted, counts(periods))
+        quotas = self.tree.quotas(wanted, periods)
         refused = np.flatnonzero(quotas < 0).tolist()
         places = list(range(len(asked)))
         if refused:
             places = np.flatnonzero(quotas >= 0).tolist()
-            quotas, periods = quotas[places], [periods[i] for i in places]
+            quotas, periods = quotas[places], periods[places]
         fds = self._descriptors("quota", writing=True)
-        texts = self.tree.quota_texts(quotas.tolist(), periods)
-        unwritten = _unwritten([fds[asked[i]] for i in places], texts, self._truncate)
+        texts = self.tree.quota_texts(quotas, periods)
+        chosen = [asked[i] for i in places] if refused else asked
+        targets = fds if len(chosen) == len(fds) else list(map(fds.__getitem__, chosen))
+        unwritten = _unwritten(targets, texts, self._truncate)
         failed = sorted(refused + [places[i] for i in unwritten])
         if not failed:
             return {}
@@ -218,17 +232,16 @@ class KernelCgroupSet:
         )
         return {failed[n]: err for n, err in failures.items()}
 
-    def _periods(self, asked: list[int]) -> list[int]:
+    def _periods(self, asked: list[int]) -> Counts:
         """Each cgroup's CFS period: read afresh where the tree keeps it in a file of its
         own, else what the tree remembers; 0 where it cannot be known here (the checked
         write then tries, and says why)."""
         role = self.tree.period_role
         if not role:
-            return [self._known_period(index) for index in asked]
-        texts = self._read_all(role, asked)
-        whole = _whole(texts)
-        values = None if whole is None else parse_counts(whole)
-        return [_count_or_zero(text) for text in texts] if values is None else values
+            return counts([self._known_period(index) for index in asked])
+        texts, whole = self._read_all(role, asked)
+        values = parse_counts(cast(list[bytes], texts)) if whole else None
+        return counts([_count_or_zero(text) for text in texts]) if values is None else values
 
     def _known_period(self, index: int) -> int:
         handle = self.handles[index]
@@ -242,12 +255,6 @@ class KernelCgroupSet:
     @property
     def _truncate(self) -> bool:
         return self.tree.descriptors.truncate
-
-
-def _whole(texts: Texts) -> list[bytes] | None:
-    """The texts, if every call answered."""
-    answered = [text for text in texts if text is not None]
-    return answered if len(answered) == len(texts) else None
 
 
 def _unwritten(fds: list[int], texts: list[bytes], truncate: bool) -> list[int]:
@@ -299,4 +306,4 @@ def _count_or_zero(text: bytes | None) -> int:
     if text is None:
         return 0
     values = parse_counts([text])
-    return 0 if values is None else values[0]
+    return 0 if values is None else int(values[0])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kuscale.backends.base import CgroupGone
-from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Positions
+from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Limits, Positions
 from kuscale.model import CpuCounters, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 from kuscale.policy.waterfill import water_fill
@@ -272,7 +272,7 @@ class SimCgroups:
         rows, present, failed = self._present(which)
         return present & (self.node.now >= self.node.end[rows]), failed
 
-    def write_limits(self, which: Positions, limits: Sequence[float]) -> Failures:
+    def write_limits(self, which: Positions, limits: Limits) -> Failures:
         rows, present, failed = self._present(which)
         self.node.limit[rows[present], 0] = np.asarray(limits, dtype=np.float64)[present]
         return failed
