@@ -8,6 +8,7 @@ that cannot be written leaves the pod holding (and charged for) the old one.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,12 +20,23 @@ from kuscale.model import RESOURCES, Resource
 from kuscale.monitor.events import TickStats, count_error, log, pod_event
 from kuscale.monitor.pods import PodState
 from kuscale.monitor.table import PodTable
-from kuscale.policy.base import FloatArray, IntArray
+from kuscale.policy.base import BoolArray, FloatArray, IntArray
 
 WRITE_RESOLUTION = 0.01
 """A rise smaller than this (percent) over what is already written is not written. Every
 fall is: the pod is charged for the limit it holds, so keeping a slightly larger one than
 the policy chose would spend beyond its budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectWriter:
+    """The actuator's writer for the ready pods' cgroups, taken once per membership, and
+    which of them kuscale took over: only their CPU limits are written. A pod is given
+    back only on its way out, or when the agent stops, and either counts as a change of
+    membership, so the mask is never older than the pods it describes."""
+
+    cgroups: CgroupSet
+    held: BoolArray
 
 
 class Actuation:
@@ -61,7 +73,7 @@ class Actuation:
         pods: list[PodState],
         rows: IntArray,
         limits: FloatArray,
-        writer: CgroupSet | None,
+        writer: DirectWriter | None,
         positions: IntArray,
         resources: tuple[Resource, ...] = RESOURCES,
     ) -> None:
@@ -96,7 +108,7 @@ class Actuation:
 
     def _write_through(
         self,
-        writer: CgroupSet,
+        writer: DirectWriter,
         pods: list[PodState],
         positions: IntArray,
         due: IntArray,
@@ -104,8 +116,8 @@ class Actuation:
     ) -> IntArray:
         """The CPU limits of pods the actuator took over, written in one pass; those that
         fail keep (and are charged for) the limit they held."""
-        due = due[[pods[i].held is not None for i in due.tolist()]]
-        failed = writer.write_limits(positions[due].tolist(), asked[due].tolist())
+        due = due[writer.held[positions[due]]]
+        failed = writer.cgroups.write_limits(positions[due].tolist(), asked[due])
         for i, err in failed.items():
             count_error(self.stats, pods[int(due[i])].spec, err)
         return np.delete(due, list(failed)) if failed else due

@@ -42,8 +42,9 @@ in the record, before giving it back from the record."""
 class Lifecycle:
     """Adopts, refuses, withdraws and completes pods, and settles an earlier agent's record.
 
-    `membership` counts every change to which pods are running and ready, so the tick knows
-    when the rows it samples must be gathered again."""
+    `membership` counts every change to which pods are running and ready, or which of them
+    kuscale holds, so the tick knows when the rows it samples and the pods it may write
+    must be gathered again."""
 
     def __init__(
         self,
@@ -385,4 +386,5 @@ class Lifecycle:
         for pod in self.registry.running.values():
             if self.actuation.restore(pod):
                 self.forget(pod)
+        self.membership += 1
         log.info("restored the limits of %d pods", len(self.registry.running))

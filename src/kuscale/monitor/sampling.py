@@ -19,6 +19,7 @@ from kuscale.actuators.base import CpuActuator
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
 from kuscale.backends.batch import CgroupSet, Failures, cgroup_set
 from kuscale.model import RESOURCES, PodStatus, Resource
+from kuscale.monitor.actuating import DirectWriter
 from kuscale.monitor.events import TickStats, count_error, pod_event
 from kuscale.monitor.lifecycle import Lifecycle
 from kuscale.monitor.pods import PodState, Registry
@@ -37,7 +38,7 @@ class Sample:
     rows: IntArray
     positions: IntArray
     """Each pod's place among the ready pods, and in `writer`."""
-    writer: CgroupSet | None
+    writer: DirectWriter | None
     elapsed: FloatArray
     usage: FloatArray
     starved: BoolArray
@@ -64,7 +65,7 @@ class Ready:
     """Per resource, the rows of every running pod (ready or not) that uses it, in the
     order they arrived: what the node has promised sums over these."""
     counters: CgroupSet
-    writer: CgroupSet | None
+    writer: DirectWriter | None
     """The actuator's writer for the same cgroups, where it writes them directly."""
 
 
@@ -120,6 +121,8 @@ class Sampler:
             running = list(self.registry.running.values())
             pods = [p for p in running if p.status is PodStatus.RUNNING]
             cgroups = [p.spec.cgroup for p in pods]
+            writer = self.actuator.cgroup_set(cgroups)
+            held = np.array([p.held is not None for p in pods], dtype=np.bool_)
             self._ready = Ready(
                 membership=membership,
                 pods=pods,
@@ -127,13 +130,11 @@ class Sampler:
                 keys=tuple(p.key for p in pods),
                 rows=np.array([p.row for p in pods], dtype=np.int64),
                 owned=[i for i, p in enumerate(pods) if p.spec.owned],
-                managed=np.array(
-                    [i for i, p in enumerate(pods) if p.held is not None], dtype=np.int64
-                ),
+                managed=np.flatnonzero(held),
                 holding=self._holding(running),
                 waiting=[p for p in running if p.status is PodStatus.NOT_READY],
                 counters=cgroup_set(self.cpu, cgroups),
-                writer=self.actuator.cgroup_set(cgroups),
+                writer=None if writer is None else DirectWriter(writer, held),
             )
         return self._ready
 
@@ -224,7 +225,7 @@ class Sampler:
         self,
         pods: list[PodState],
         keys: tuple[str, ...],
-        writer: CgroupSet | None,
+        writer: DirectWriter | None,
         positions: IntArray,
         rows: IntArray,
         now: float,
