@@ -23,7 +23,7 @@ from kuscale.monitor.actuating import DirectWriter
 from kuscale.monitor.events import TickStats, count_error, pod_event
 from kuscale.monitor.lifecycle import Lifecycle
 from kuscale.monitor.pods import PodState, Registry
-from kuscale.monitor.table import NO_MARK, PodTable
+from kuscale.monitor.table import NO_MARK, PodTable, take_rows
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 
 CPU, GPU = Resource.CPU, Resource.GPU
@@ -290,7 +290,7 @@ class Sampler:
         # Where CFS counted periods its throttle count is the evidence; usage near the
         # limit stands in only where nothing counts (a GPU): a budget that squeezed a
         # limit just above usage is not a pod asking for more.
-        limits = c.limit[rows]
+        limits = take_rows(c.limit, rows)
         pinned_cpu = usage[:, CPU] >= self.pinned_at * limits[:, CPU]
         starved[:, CPU] = (throttled_periods > 0) | (~counted & pinned_cpu)
         if any_gpu:

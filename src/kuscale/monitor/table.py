@@ -10,14 +10,37 @@ registry, so a completed pod still shows what it last had.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kuscale.model import RESOURCES, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 
 NO_MARK = -1
 """`raised_mark` where the watch has raised nothing since the last tick."""
+
+_ITEM_OF_SIZE = {2: np.uint16, 16: np.complex128}
+"""A type as wide as a row of a per-resource column: a pair of bools, a pair of floats."""
+
+
+def _as_items(values: NDArray[Any]) -> NDArray[Any]:
+    """The same memory with each row of the last axis as one item, whose bytes are the
+    row's: moved by numpy as one copy, not one per entry."""
+    return values.view(_ITEM_OF_SIZE[values.itemsize * values.shape[-1]])[..., 0]
+
+
+def take_rows(column: NDArray[Any], rows: IntArray) -> NDArray[Any]:
+    """`column[rows]`. numpy's indexing moves a per-resource column's rows entry by entry:
+    10 µs for 1000 rows here, where `take` needs 1.6."""
+    return np.take(column, rows, axis=0)
+
+
+def put_rows(column: NDArray[Any], rows: IntArray, values: NDArray[Any]) -> None:
+    """`column[rows] = values` for a per-resource column: each row moved as one item
+    (2 µs for 1000 rows here, against 11 by plain indexing), bit for bit."""
+    _as_items(column)[rows] = _as_items(np.ascontiguousarray(values, dtype=column.dtype))
 
 
 @dataclass(slots=True)
@@ -141,11 +164,13 @@ class PodTable:
             )
         self._free.extend(range(self.size - 1, old - 1, -1))
 
-    def record_history(self, rows: IntArray) -> None:
+    def record_history(self, rows: IntArray, usage: FloatArray) -> None:
         """Append each row's usage to its ring of the last `window` usages."""
         c = self.columns
-        c.history[rows, c.recorded[rows] % self.window] = c.usage[rows]
-        c.recorded[rows] += 1
+        recorded = c.recorded[rows]
+        ring = recorded % self.window
+        _as_items(c.history)[rows, ring] = _as_items(np.ascontiguousarray(usage, dtype=np.float64))
+        c.recorded[rows] = recorded + 1
 
     def history(self, row: int, resource: Resource) -> list[float]:
         """The row's recorded usages of `resource`, oldest first."""
