@@ -215,6 +215,18 @@ def test_keyed_files_parsed_at_once_agree_with_one_at_a_time(
         assert len(layouts) > 1 or long_values or digit_keys
 
 
+def test_files_that_only_numpys_reader_would_misread_are_left_to_the_checked_path() -> None:
+    assert parse_counts([b"\n", b"5\n"]) is None  # numpy reads a blank first field as 0
+    assert parse_counts([b"5\n", b" "]) is None
+    assert parse_counts([b"1 2", b""]) is None
+    assert parse_counts([b"1|2", b"3"]) is None
+    assert parse_counts([b"1" * 19]) is None  # may not fit in 64 bits: judged alone
+    assert parse_keyed_many([b"a 1\n\x0ca 2\n", b"a 3\n"], (b"a",)) is None
+    assert parse_keyed_many([b"a 1\n", b"", b"a 2\na 3\n"], (b"a",)) is None
+    assert parse_keyed_many([b"a 1\n", b"a 22222222222222222222\n"], (b"a",)) is None
+    assert parse_keyed_many([b"a1 1\n", b"a1 2\n"], (b"a1",)) is None
+
+
 def test_the_agent_may_keep_as_many_files_open_as_the_hard_limit_allows() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     lowered = min(256, soft)

@@ -209,6 +209,19 @@ def test_restore_puts_back_what_was_there_before() -> None:
     assert SimGpu(node).read_limit("had-limit") is None
 
 
+def test_ticks_after_a_restore_leave_the_limits_given_back() -> None:
+    node = SimNode()
+    spec = pod(node, "given-back")
+    SimCpu(node).write_limit("given-back", 150.0)
+    monitor = make(node)
+    monitor.submit(PodAdded(spec))
+    step(node, monitor, 3)
+    monitor.restore()
+    step(node, monitor, 3)
+    monitor.watch(node.now)
+    assert SimCpu(node).read_limit("given-back") == 150.0
+
+
 def test_run_stops_on_a_stop_event_and_restores() -> None:
     node = SimNode()
     monitor = make(node, replace(CONFIG, period=0.05))
