@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from kuscale.model import Resource
 from kuscale.monitor.table import PodTable, put_rows, take_rows
 
 SPECIAL = st.sampled_from([-0.0, 0.0, 1.0, np.nan, -np.nan, np.inf, -np.inf, 5e-324])
@@ -39,7 +40,7 @@ def test_the_usage_ring_keeps_the_last_window_of_each_row() -> None:
     rows = np.array([2, 0], dtype=np.int64)
     for tick in range(5):
         table.record_history(rows, np.array([[tick, -0.0], [10.0 + tick, np.nan]]))
-    assert table.history(2, 0) == [2.0, 3.0, 4.0]
-    assert table.history(0, 0) == [12.0, 13.0, 14.0]
-    assert str(table.history(2, 1)) == "[-0.0, -0.0, -0.0]"
-    assert table.history(1, 0) == []
+    assert table.history(2, Resource.CPU) == [2.0, 3.0, 4.0]
+    assert table.history(0, Resource.CPU) == [12.0, 13.0, 14.0]
+    assert str(table.history(2, Resource.GPU)) == "[-0.0, -0.0, -0.0]"
+    assert table.history(1, Resource.CPU) == []
