@@ -22,7 +22,11 @@ from kuscale.rows import row_count, row_min, row_sum
 class SpendCurves:
     """Every pod's spend g(c) as a piecewise linear curve: its breakpoints and the spend at
     each. They depend on the pods' demand, prices, weights and bounds, not on the budget, so
-    one set of curves answers any number of budgets."""
+    one set of curves answers any number of budgets.
+
+    The per-resource quantities are kept by resource, (m, n), with the pods on the last
+    axis: every limit computed from them then runs along the pods, where (n, m) steps along
+    two resources at a time, at three to five times the cost for a thousand pods."""
 
     demand: FloatArray
     slope: FloatArray
@@ -54,8 +58,9 @@ def spend_curves(
     used_twice = np.concatenate([uses, uses], axis=1)
     first = row_min(np.where(used_twice, breaks, np.inf))[:, None]
     breaks = np.sort(np.where(used_twice, breaks, first), axis=1)
-    spend = row_sum(p[:, None, :] * _limits_at(breaks, d, slope, lo, hi))
-    return SpendCurves(d, slope, lo, hi, breaks, spend, uses)
+    d, slope, lo, hi, p = (np.ascontiguousarray(a.T) for a in (d, slope, lo, hi, p))
+    spend = row_sum(np.moveaxis(p * _limits_at(breaks, d, slope, lo, hi), 1, -1))
+    return SpendCurves(d, slope, lo, hi, breaks, np.ascontiguousarray(spend.T), uses)
 
 
 def solve_within(curves: SpendCurves, budget: FloatArray, available: FloatArray) -> FloatArray:
@@ -64,15 +69,16 @@ def solve_within(curves: SpendCurves, budget: FloatArray, available: FloatArray)
     bounds (admission refuses such pods; this keeps the arithmetic total)."""
     level = np.minimum(_crossing(curves.breaks, curves.spend, budget), available / 2.0)
     limits = _limits_at(level[:, None], curves.demand, curves.slope, curves.lower, curves.upper)
-    return np.where(curves.uses, limits[:, 0, :], 0.0)
+    return np.where(curves.uses, limits[0].T, 0.0)
 
 
 def _limits_at(
     levels: FloatArray, d: FloatArray, slope: FloatArray, lo: FloatArray, hi: FloatArray
 ) -> FloatArray:
-    """x_r(c) for each pod at each of its levels c: shape (n, k, m)."""
-    x = d[:, None, :] + slope[:, None, :] * levels[:, :, None]
-    return np.asarray(np.clip(x, lo[:, None, :], hi[:, None, :]), dtype=np.float64)
+    """x_r(c) for each pod at each of its levels c (n, k), from quantities by resource
+    (m, n): shape (k, m, n)."""
+    x = d + slope * np.ascontiguousarray(levels.T)[:, None, :]
+    return np.asarray(np.clip(x, lo, hi), dtype=np.float64)
 
 
 def _crossing(breaks: FloatArray, spend: FloatArray, budget: FloatArray) -> FloatArray:
