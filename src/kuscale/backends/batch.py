@@ -25,8 +25,7 @@ T = TypeVar("T")
 Failures = dict[int, BackendError]
 """Position in the request → why that cgroup could not be read; its values are 0."""
 Positions = Sequence[int] | NDArray[np.int64]
-"""Which cgroups of a set to ask, by their place in it: ascending, each at most once (so
-as many as the set holds means all of them)."""
+"""Which cgroups of a set to ask, by their place in it, in any order."""
 Limits = Sequence[float] | NDArray[np.float64]
 """A limit in percent per cgroup asked."""
 
