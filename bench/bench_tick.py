@@ -8,9 +8,10 @@ written. Taking turns with the ticks, the floor: the same tree's reads, and as m
 writes as the tick made, bare, through kept descriptors. Ten pods are also measured on this
 machine's real cgroups when they are writable.
 
-Run with `make bench`; prints microseconds per pod per tick, the tick-to-floor ratios, the
-Python work each pod adds beyond its kernel I/O (between 110 and 1000 pods, so that fixed
-costs cancel) and resident memory.
+Run with `make bench`; prints microseconds per pod per tick, the tick-to-floor ratios (also
+with the policy's own time, measured inside the same ticks, taken out: what the rest of the
+tick costs, whatever rule it runs), the Python work each pod adds beyond its kernel I/O
+(between 110 and 1000 pods, so that fixed costs cancel) and resident memory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +36,7 @@ from kuscale.config import AgentConfig, PolicyConfig, ResourceConfig
 from kuscale.model import PodSpec
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.policy import Observation, make_policy
+from kuscale.sim.run import TimedPolicy
 
 PERIOD = 0.5
 
@@ -162,8 +165,10 @@ overcommitted 5x so that 1000 pods fit this 2-core machine's admission, and burs
 (as in the shipped scenarios), so that limits follow each pod's swings and get written."""
 
 
-def monitor_for(cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "") -> Monitor:
-    monitor = Monitor(cgroups, None, BENCH_CONFIG)
+def monitor_for(
+    cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "", policy: TimedPolicy | None = None
+) -> Monitor:
+    monitor = Monitor(cgroups, None, BENCH_CONFIG, policy=policy)
     for i in range(pods):
         monitor.submit(
             PodAdded(PodSpec(name=f"pod-{i}", tokens=20 + i % 60, cgroup=f"{prefix}pod-{i}"))
@@ -184,9 +189,19 @@ def current_rss_mib() -> float:
     return int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def bench_fixture(pods: int, ticks: int) -> tuple[list[float], list[float], list[float], int]:
-    """Each tick's duration, its floor's, its period reads', and the median number of
-    quotas a tick wrote.
+class FixtureRun(NamedTuple):
+    """Per tick: its duration, its policy's share of it, its floor's duration and its period
+    reads'; and the median number of quotas a tick wrote."""
+
+    ticks: list[float]
+    policy: list[float]
+    floors: list[float]
+    periods: list[float]
+    writes: int
+
+
+def bench_fixture(pods: int, ticks: int) -> FixtureRun:
+    """Tick after tick on a fixture tree, each followed by its floor.
 
     Tick and floor take turns on the same tree, each right after the fixture kernel
     rewrote its counters: the kernel's writes leave the files' pages out of the CPU's
@@ -195,16 +210,19 @@ def bench_fixture(pods: int, ticks: int) -> tuple[list[float], list[float], list
     root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
     try:
         cgroups = make_tree(root, pods)
-        monitor = monitor_for(cgroups, pods)
+        policy = TimedPolicy(make_policy(BENCH_CONFIG.policy, BENCH_CONFIG.policy_config))
+        monitor = monitor_for(cgroups, pods, policy=policy)
         kernel = FixtureKernel(root, pods)
         kernel.advance(0)
         floor = Floor(root, kernel)
-        durations, floors, periods = [], [], []
+        durations, deciding, floors, periods = [], [], [], []
         try:
             for tick in range(1, ticks + 1):
+                decided = policy.seconds
                 started = time.perf_counter()
                 monitor.tick(tick * PERIOD)
                 durations.append(time.perf_counter() - started)
+                deciding.append(policy.seconds - decided)
                 kernel.advance(tick)
                 bare, period_reads = floor.measure(kernel.writes[-1])
                 floors.append(bare)
@@ -212,7 +230,8 @@ def bench_fixture(pods: int, ticks: int) -> tuple[list[float], list[float], list
                 kernel.rewrite()
         finally:
             floor.close()
-        return durations, floors, periods, round(statistics.median(kernel.writes[1:]))
+        writes = round(statistics.median(kernel.writes[1:]))
+        return FixtureRun(durations, deciding, floors, periods, writes)
     finally:
         shutil.rmtree(root)
 
@@ -325,14 +344,21 @@ def main() -> None:
             report(f"policy {name} alone", pods, bench_policy(name, pods, 1000))
     medians = {}
     for pods in (10, 110, 1000):
-        tick, floor, periods, writes = bench_fixture(pods, args.ticks)
-        report("fixture v1 tree (tmpfs)", pods, tick)
-        report(f"  its kernel I/O ({writes} writes)", pods, floor)
-        report("  its period reads", pods, periods)
-        medians[pods] = [statistics.median(durations) for durations in (tick, floor, periods)]
-    for pods, (tick_s, floor_s, _) in medians.items():
-        print(f"tick-to-floor ratio at {pods} pods: {tick_s / floor_s:.2f}")
-    python = [tick_s - floor_s - period_s for tick_s, floor_s, period_s in medians.values()]
+        run = bench_fixture(pods, args.ticks)
+        report("fixture v1 tree (tmpfs)", pods, run.ticks)
+        report("  its policy", pods, run.policy)
+        report(f"  its kernel I/O ({run.writes} writes)", pods, run.floors)
+        report("  its period reads", pods, run.periods)
+        rest = [tick - policy for tick, policy in zip(run.ticks, run.policy, strict=True)]
+        medians[pods] = [
+            statistics.median(durations) for durations in (run.ticks, run.floors, run.periods, rest)
+        ]
+    for pods, (tick_s, floor_s, _, rest_s) in medians.items():
+        print(
+            f"tick-to-floor ratio at {pods} pods: {tick_s / floor_s:.2f} "
+            f"({rest_s / floor_s:.2f} without its policy's own time)"
+        )
+    python = [tick_s - floor_s - period_s for tick_s, floor_s, period_s, _ in medians.values()]
     print(
         "Python work per pod beyond its kernel I/O (floor and period reads), "
         f"110 to 1000 pods: {(python[2] - python[1]) / 890 * 1e6:.2f} µs"
