@@ -170,10 +170,15 @@ def node(tmp_path: Path, real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> Itera
         local.agent.wait()
 
 
+def stretched(seconds: float) -> float:
+    """A deadline of `seconds` on this host, stretched in the v2 guest, where software
+    emulation makes every Python start about twenty times slower."""
+    return seconds * (v2guest.SLOWDOWN if v2guest.in_guest() else 1.0)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.25) -> float:
-    """Seconds until predicate held; fails the test after `timeout`, stretched in the v2 guest,
-    where software emulation makes every Python start about twenty times slower."""
-    timeout *= v2guest.SLOWDOWN if v2guest.in_guest() else 1.0
+    """Seconds until predicate held; fails the test after `timeout`, `stretched`."""
+    timeout = stretched(timeout)
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:

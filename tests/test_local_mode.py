@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BUSY, KUSCALE, LocalNode, wait_for
+from conftest import BUSY, KUSCALE, LocalNode, stretched, wait_for
 
 
 def cpu_seconds(pid: int) -> float:
@@ -41,7 +41,7 @@ def test_busy_loop_gets_a_core_within_ten_seconds_and_is_restored_on_sigterm(
         assert node.cgroups.read_limit(cgroup) == pytest.approx(limit_of(node, "busy"), abs=15)
         assert node.agent is not None
         node.agent.send_signal(signal.SIGTERM)
-        assert node.agent.wait(timeout=10) == 0
+        assert node.agent.wait(timeout=stretched(10)) == 0
         assert node.cgroups.read_limit(cgroup) is None
         assert workload.poll() is None, "the workload must outlive the agent"
     finally:
