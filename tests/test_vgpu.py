@@ -66,3 +66,32 @@ def test_remove_deletes_the_directory(layer: VgpuLayer) -> None:
     layer.remove("pod-1")
     assert not layer.exists("pod-1")
     layer.remove("pod-1")
+
+
+def test_remove_tries_again_when_the_layer_publishes_busy_time_meanwhile(
+    layer: VgpuLayer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layer's flush lands between kuscale's unlinks and its rmdir, once: the real rmdir
+    then fails with ENOTEMPTY, and the next try removes what the flush wrote."""
+    real_rmdir = Path.rmdir
+    flushes: list[Path] = []
+
+    def flush_first(directory: Path) -> None:
+        if not flushes:
+            flushes.append(directory / "total_runtime")
+            flushes[0].write_text("5")
+        real_rmdir(directory)
+
+    monkeypatch.setattr(Path, "rmdir", flush_first)
+    layer.remove("pod-1")
+    assert flushes
+    assert not layer.exists("pod-1")
+
+
+def test_remove_leaves_a_file_it_did_not_make_and_says_so(layer: VgpuLayer) -> None:
+    foreign = layer.root / "pod-1" / "notes"
+    foreign.write_text("kept")
+    with pytest.raises(BackendError, match="cannot remove vGPU pod-1"):
+        layer.remove("pod-1")
+    assert foreign.read_text() == "kept"
+    assert not (layer.root / "pod-1" / "gpu_limit").exists()

@@ -8,7 +8,9 @@ code drives either. The original poked the module through `sh -c echo`; this wri
 
 from __future__ import annotations
 
+import errno
 import math
+import time
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, RangeError
@@ -20,6 +22,9 @@ MAX_PER_MILLE = 1000
 TOTAL_RUNTIME = "total_runtime"
 GPU_LIMIT = "gpu_limit"
 GPU_REQUEST = "gpu_request"
+REMOVE_TRIES = 4
+REMOVE_PAUSE_S = 0.005
+"""Between tries: long enough for a layer's write-and-rename of `total_runtime` to land."""
 
 
 def limit_to_per_mille(limit: float | None, gpus: int) -> int:
@@ -97,15 +102,22 @@ class VgpuLayer(PooledGpus):
             raise BackendError(f"cannot create vGPU {vgpu_id} under {self.root}: {err}") from err
 
     def remove(self, vgpu_id: str) -> None:
+        """Delete the files kuscale made, then the directory; tried again where the layer
+        published busy time into it in between (the emulator's flush lands there every
+        50 ms, seen in the demo). A file of anyone else's is left, and said."""
         directory = self._dir(vgpu_id)
-        try:
-            for name in (TOTAL_RUNTIME, GPU_LIMIT, GPU_REQUEST):
-                (directory / name).unlink(missing_ok=True)
-            directory.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            raise BackendError(f"cannot remove vGPU {vgpu_id}: {err}") from err
+        for attempt in range(1, REMOVE_TRIES + 1):
+            try:
+                for name in (TOTAL_RUNTIME, GPU_LIMIT, GPU_REQUEST):
+                    (directory / name).unlink(missing_ok=True)
+                directory.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as err:
+                if err.errno != errno.ENOTEMPTY or attempt == REMOVE_TRIES:
+                    raise BackendError(f"cannot remove vGPU {vgpu_id}: {err}") from err
+            time.sleep(REMOVE_PAUSE_S)
 
     def read(self, vgpu_id: str) -> int:
         path = self._dir(vgpu_id) / TOTAL_RUNTIME
