@@ -1,6 +1,6 @@
 """Gemini as kuscale's GPU layer: its configuration rewritten in place, its wire protocol, and
-the real `gem-schd`/`gem-pmgr` (built from Gemini's source by `build-gemini`, run as outside
-programs) holding an emulated client to the share kuscale writes, measured through NVML."""
+the real `gem-schd`/`gem-pmgr` (outside programs, from the folder `KUSCALE_GEMINI_BIN` names)
+holding an emulated client to the share kuscale writes, measured through NVML."""
 
 from __future__ import annotations
 

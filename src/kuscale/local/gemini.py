@@ -1,6 +1,6 @@
 """Gemini's own programs run for local mode: one `gem-schd` per GPU and one `gem-pmgr` per
-client, as Gemini's launcher and KubeShare run them, from a directory where they were built
-(`build-gemini` builds them with g++ alone; only Gemini's CUDA hook needs CUDA).
+client, as Gemini's launcher and KubeShare run them, from the folder where the user installed
+them (`--gemini-bin`; they need no CUDA, only Gemini's hook in the workload does).
 
 The scheduler's window suits the agent's period: a limit kuscale writes is a share of each
 period, and Gemini enforces it over its sliding window, so the window is one period (at
