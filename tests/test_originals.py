@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 
+from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.cli import main
 from kuscale.config import AgentConfig
@@ -191,3 +192,59 @@ def test_the_limit_the_api_server_declares_wins_over_the_record(tmp_path: Path) 
     monitor.tick(0.0)
     monitor.restore()
     assert cgroups.read_limit("pods/web") == pytest.approx(80.0)
+
+
+LAUNCHED = Original(
+    key=SPEC.key, uid=SPEC.uid, cgroup=SPEC.cgroup, held=Held(None), shares=1024, launched=True
+)
+"""What `kuscale launch` records before it writes the quota its tokens buy (30 % here)."""
+
+
+def test_a_stop_gives_back_a_launched_workload_no_tick_adopted_yet(tmp_path: Path) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(LAUNCHED)
+    monitor = Monitor(cgroups, None, CONFIG, originals=record)
+    monitor.submit(PodAdded(SPEC))  # queued, never drained: the stop comes first
+    monitor.restore()
+    assert cgroups.read_limit("pods/web") is None
+    assert cgroups.read_shares("pods/web") == 1024
+    assert list(record.entries()) == []
+
+
+def test_a_pod_refused_before_it_was_taken_over_gets_what_launch_recorded(
+    tmp_path: Path,
+) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(LAUNCHED)
+    monitor = Monitor(cgroups, None, CONFIG, originals=record)
+    monitor.submit(PodAdded(PodSpec(name="web", tokens=30, cgroup="pods/web", vgpu_id="g")))
+    monitor.tick(0.0)
+    assert monitor.registry.completed[SPEC.key].status is PodStatus.REFUSED
+    assert cgroups.read_limit("pods/web") is None
+    assert record.get(SPEC.key) is None
+
+
+class RefusingV1(CgroupV1):
+    """A tree whose quota writes fail once `refusing` is set, as on a full disk or a
+    permission change."""
+
+    refusing = False
+
+    def write_limit(self, cgroup: str, limit: float | None) -> None:
+        if self.refusing:
+            raise BackendError(f"cannot write the quota of {cgroup}: Permission denied")
+        super().write_limit(cgroup, limit)
+
+
+def test_a_stop_keeps_the_entry_of_a_pod_it_could_not_give_back(tmp_path: Path) -> None:
+    v1_pod(tmp_path / "tree")
+    cgroups = RefusingV1(tmp_path / "tree" / "cpu", tmp_path / "tree" / "cpuacct")
+    record = OriginalsRecord(tmp_path / "record")
+    monitor = Monitor(cgroups, None, CONFIG, originals=record)
+    monitor.submit(PodAdded(SPEC))
+    monitor.tick(0.0)
+    cgroups.refusing = True
+    monitor.restore()
+    assert record.get(SPEC.key) is not None

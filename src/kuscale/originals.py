@@ -19,6 +19,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ class OriginalsRecord:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    @contextmanager
+    def launching(self) -> Iterator[None]:
+        """Held by `kuscale launch` from recording a new cgroup's originals to writing its
+        first quota, and by a stop or `kuscale restore` while it gives the record back: a
+        give-back never falls between the two and leaves the launch's quota behind."""
+        self.ensure()
+        fd = os.open(self.directory / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def busy(self) -> bool:
         """True while another process holds the lock."""

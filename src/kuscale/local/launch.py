@@ -64,19 +64,21 @@ def born_within_budget(state: StateDir, cgroups: CgroupV1 | CgroupV2, spec: PodS
     CPU price), so the workload never runs beyond its budget before the agent adopts it.
     What the fresh cgroup had (no quota, the default weight) is recorded first: it is what
     the agent, or `kuscale restore`, gives back."""
-    OriginalsRecord(state.originals).save(
-        Original(
-            key=spec.key,
-            uid=spec.uid,
-            cgroup=spec.cgroup,
-            held=Held(cgroups.read_limit(spec.cgroup)),
-            shares=cgroups.read_shares(spec.cgroup),
-            launched=True,
+    record = OriginalsRecord(state.originals)
+    with record.launching():
+        record.save(
+            Original(
+                key=spec.key,
+                uid=spec.uid,
+                cgroup=spec.cgroup,
+                held=Held(cgroups.read_limit(spec.cgroup)),
+                shares=cgroups.read_shares(spec.cgroup),
+                launched=True,
+            )
         )
-    )
-    quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
-    cgroups.write_limit(spec.cgroup, quota)
-    cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
+        quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
+        cgroups.write_limit(spec.cgroup, quota)
+        cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
 
 
 def exec_in_cgroup(

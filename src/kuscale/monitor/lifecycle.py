@@ -121,7 +121,7 @@ class Lifecycle:
         pod_event(pod.spec, logging.WARNING, "refused", "pod %s refused: %s", reason, reason=reason)
         self._leave(pod, PodStatus.REFUSED, reason)
         if pod.held is None and pod.restore_shares is None:
-            self.forget(pod)
+            self.settle(pod)
 
     def _refusal(self, spec: PodSpec) -> str | None:
         if spec.vgpu_id is not None and self.gpu is None:
@@ -208,6 +208,7 @@ class Lifecycle:
         if pod.held is None:
             self.actuator.hold(spec, original.held)
             pod.held = original.held
+            pod.taken_over = True
         if self.config.kernel_shares and pod.restore_shares is None:
             pod.restore_shares = original.shares
             self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
@@ -328,9 +329,15 @@ class Lifecycle:
             if self._give_back_from_record(original):
                 log.warning("gave back %s from the record: no source offered it again", key)
 
-    def forget(self, pod: PodState) -> None:
-        """Drop the pod's record: it was given back, or never changed, or is gone."""
+    def settle(self, pod: PodState) -> None:
+        """The pod's entry once this agent has given back what it changed: dropped where this
+        agent took the pod over, since what it gave back is the recorded truth; given back from
+        the entry first where it never did, since what `kuscale launch` or an earlier agent
+        set may still bind."""
         if self.originals is None:
+            return
+        if not pod.taken_over:
+            self._give_back_recorded(pod.spec)
             return
         try:
             self.originals.drop(pod.key)
@@ -362,7 +369,7 @@ class Lifecycle:
         else:
             self.cpu.forget(pod.spec.cgroup)
         if forget:
-            self.forget(pod)
+            self.settle(pod)
         if self.on_completed:
             self.on_completed(pod)
 
@@ -382,9 +389,28 @@ class Lifecycle:
             count_error(self.stats, pod.spec, err)
 
     def restore_all(self) -> None:
-        """Put back every limit kuscale changed, so no workload stays throttled behind it."""
+        """Put back every limit kuscale changed, so no workload stays throttled behind it:
+        the pods this agent holds, then every entry left in the record, adopted or not (a
+        workload launched just before the stop, a pod an earlier agent left)."""
+        kept = set()
         for pod in self.registry.running.values():
             if self.actuation.restore(pod):
-                self.forget(pod)
+                self.settle(pod)
+            else:
+                kept.add(pod.key)
         self.membership += 1
-        log.info("restored the limits of %d pods", len(self.registry.running))
+        log.info(
+            "restored the limits of %d pods, %d more from the record",
+            len(self.registry.running) - len(kept),
+            self._give_back_record(kept),
+        )
+
+    def _give_back_record(self, kept: set[str]) -> int:
+        """Every entry but those of pods whose own give-back failed (their entries stay for
+        the next agent or `kuscale restore`), while no `kuscale launch` is between recording
+        a cgroup and writing its first quota."""
+        if self.originals is None:
+            return 0
+        with self.originals.launching():
+            entries = [o for o in self.originals.entries() if o.key not in kept]
+            return sum(self._give_back_from_record(o) for o in entries)

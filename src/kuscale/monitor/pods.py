@@ -77,6 +77,9 @@ class PodState:
     """What the CPU actuator found when it took the pod over, to give back."""
     original: Original | None = None
     """Everything the pod had before kuscale, as recorded before the first change."""
+    taken_over: bool = False
+    """This agent lifted the pod's own limits and made its limit the one that binds: what it
+    gives back is then the recorded truth, and the record entry can go."""
     restore_shares: int | None = None
     """cpu.shares before kuscale set them from tokens (None: not changed)."""
     gpu_restore_limit: float | None = None
