@@ -112,7 +112,7 @@ class LocalNode:
     parent: str
     agent: subprocess.Popen[bytes] | None = None
 
-    def start_agent(self, *extra: str) -> None:
+    def start_agent(self, *extra: str, env: dict[str, str] | None = None) -> None:
         self.agent = subprocess.Popen(
             [
                 *KUSCALE,
@@ -125,10 +125,13 @@ class LocalNode:
                 "--gpus",
                 "0",
                 *extra,
-            ]
+            ],
+            env={**os.environ, **(env or {})},
         )
 
-    def launch(self, name: str, tokens: int, command: list[str]) -> subprocess.Popen[bytes]:
+    def launch(
+        self, name: str, tokens: int, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
                 *KUSCALE,
@@ -143,7 +146,8 @@ class LocalNode:
                 self.parent,
                 "--",
                 *command,
-            ]
+            ],
+            env={**os.environ, **(env or {})},
         )
 
     def status(self) -> dict[str, Any] | None:

@@ -35,6 +35,10 @@ SLOWDOWN = 8.0
 REPORT_ENV = "KUSCALE_V2_GUEST_REPORT"
 KERNEL_ENV = "KUSCALE_VM_KERNEL"
 TIMEOUT_ENV = "KUSCALE_VM_TIMEOUT"
+FAULTS_ENV = "KUSCALE_FAULT_GUEST"
+"""`all`: the guest runs every fault point with every ending, not one ending per point."""
+PASSED_ENV = (FAULTS_ENV,)
+"""The host's variables the guest's pytest sees too."""
 # The guest takes two to four minutes here, and 370 s with one of the two cores taken by
 # stress-ng (the software emulation needs the host's CPUs); past this the VM is killed and
 # every test it owed fails with what it printed.
@@ -159,10 +163,13 @@ def guest_script(nodeids: list[str], rootdir: Path, report: Path) -> str:
             *(shlex.quote(nodeid) for nodeid in nodeids),
         ]
     )
+    passed = "".join(
+        f" {name}={shlex.quote(os.environ[name])}" for name in PASSED_ENV if name in os.environ
+    )
     return (
         f"echo {shlex.quote(BOOTED)}\n"
         f"cd {shlex.quote(str(rootdir))} || exit 1\n"
-        f"export {REPORT_ENV}={shlex.quote(str(report))} PYTHONDONTWRITEBYTECODE=1\n"
+        f"export {REPORT_ENV}={shlex.quote(str(report))} PYTHONDONTWRITEBYTECODE=1{passed}\n"
         f"exec {pytest_command}\n"
     )
 

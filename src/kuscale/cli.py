@@ -25,6 +25,7 @@ from rich.console import Console
 if TYPE_CHECKING:
     from kuscale.kubernetes.agent import KubernetesAgent
 
+from kuscale import faults
 from kuscale.backends.base import BackendError
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
@@ -523,7 +524,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     for original in record.entries():
         try:
             give_back(original, CgroupActuator(cgroups), cgroups, gpu)
+            faults.reached("restore.given_back")
             record.drop(original.key)
+            faults.reached("restore.dropped")
         except (BackendError, RecordError) as err:
             failed += 1
             print(f"{original.key}: not given back: {err}", file=sys.stderr)
@@ -820,6 +823,13 @@ COMMANDS = {
 }
 
 
+def arm_faults() -> None:
+    try:
+        faults.arm_from_environment()
+    except faults.FaultError as err:
+        raise CliError(str(err)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(
@@ -828,6 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base=1 if args.command in ("agent", "gpu-emulator", "deviceplugin") else 0,
     )
     try:
+        arm_faults()
         return COMMANDS[args.command](args)
     except (CliError, ConfigError, BackendError, InvalidSpec, StateDirError, OSError) as err:
         print(f"kuscale {args.command}: error: {err}", file=sys.stderr)

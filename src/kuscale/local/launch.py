@@ -12,6 +12,7 @@ import shutil
 import uuid
 from typing import NoReturn
 
+from kuscale import faults
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import PolicyConfig
@@ -53,6 +54,7 @@ def prepare(
             )
         cgroups.remove(spec.cgroup)
     cgroups.create(spec.cgroup)
+    faults.reached("launch.cgroup_made")
     born_within_budget(state, cgroups, spec)
     if spec.vgpu_id is not None:
         VgpuLayer(state.vgpu).create(spec.vgpu_id)
@@ -76,9 +78,11 @@ def born_within_budget(state: StateDir, cgroups: CgroupV1 | CgroupV2, spec: PodS
                 launched=True,
             )
         )
+        faults.reached("launch.recorded")
         quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
         cgroups.write_limit(spec.cgroup, quota)
         cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
+        faults.reached("launch.quota_written")
 
 
 def exec_in_cgroup(
@@ -86,7 +90,9 @@ def exec_in_cgroup(
 ) -> NoReturn:
     pid = os.getpid()
     cgroups.attach(spec.cgroup, pid)
+    faults.reached("launch.attached")
     state.register(spec, pid)
+    faults.reached("launch.registered")
     env = dict(os.environ)
     if spec.vgpu_id is not None:
         env[VGPU_ENV] = spec.vgpu_id

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kuscale import faults
 from kuscale.actuators.base import CpuActuator
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend
 from kuscale.backends.batch import CgroupSet
@@ -105,6 +106,7 @@ class Actuation:
                 written = self._write_through(direct, pods, positions, due, asked)
             c.limit[rows[written], resource] = charged[written]
             c.changed[rows[written], resource] = True
+            faults.reached("tick.written")
 
     def _write_through(
         self,

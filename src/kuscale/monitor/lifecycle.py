@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from kuscale import faults
 from kuscale.actuators.base import CpuActuator
 from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
 from kuscale.config import AgentConfig
@@ -202,6 +203,7 @@ class Lifecycle:
         spec = pod.spec
         if pod.original is None:
             pod.original = self._record_original(spec)
+            faults.reached("adopt.recorded")
         original = pod.original
         if pod.uses(Resource.GPU):
             pod.gpu_restore_limit = original.gpu_limit
@@ -209,6 +211,7 @@ class Lifecycle:
             self.actuator.hold(spec, original.held)
             pod.held = original.held
             pod.taken_over = True
+            faults.reached("adopt.held")
         if self.config.kernel_shares and pod.restore_shares is None:
             pod.restore_shares = original.shares
             self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
@@ -228,6 +231,7 @@ class Lifecycle:
             if self.gpu is not None and spec.vgpu_id is not None
             else None,
         )
+        faults.reached("adopt.inspected")
         if self.originals is None:
             return current
         recorded = self.originals.get(spec.key)
@@ -395,7 +399,9 @@ class Lifecycle:
         kept = set()
         for pod in self.registry.running.values():
             if self.actuation.restore(pod):
+                faults.reached("stop.given_back")
                 self.settle(pod)
+                faults.reached("stop.record_dropped")
             else:
                 kept.add(pod.key)
         self.membership += 1
@@ -412,5 +418,9 @@ class Lifecycle:
         if self.originals is None:
             return 0
         with self.originals.launching():
-            entries = [o for o in self.originals.entries() if o.key not in kept]
-            return sum(self._give_back_from_record(o) for o in entries)
+            swept = 0
+            for original in self.originals.entries():
+                if original.key not in kept and self._give_back_from_record(original):
+                    faults.reached("stop.swept")
+                    swept += 1
+            return swept

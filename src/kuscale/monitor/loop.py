@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kuscale import faults
 from kuscale.actuators.base import CpuActuator
 from kuscale.actuators.cgroup import CgroupActuator
 from kuscale.backends.base import CpuBackend, GpuBackend
@@ -139,8 +140,10 @@ class Monitor:
         started = time.perf_counter()
         self._drain(now)
         sample = self.sampler.sample(now)
+        faults.reached("tick.sampled")
         if sample.pods:
             decision = self.decider.decide(sample)
+            faults.reached("tick.decided")
             self.actuation.write_decided(
                 sample.pods, sample.rows, decision.limits, sample.writer, sample.positions
             )

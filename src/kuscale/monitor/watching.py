@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 
+from kuscale import faults
 from kuscale.model import RESOURCES, Resource
 from kuscale.monitor.actuating import WRITE_RESOLUTION, Actuation
 from kuscale.monitor.events import TickStats, log
@@ -68,6 +69,7 @@ class Watch:
         )
         grew = rows[due][c.limit[rows[due], CPU] > before[due]]
         self.stats.fast_raises += grew.size
+        faults.reached("watch.raised")
         c.raised_mark[grew] = c.throttle_mark[grew]
         if log.isEnabledFor(logging.DEBUG):
             for pod, i in zip(raised, due.tolist(), strict=True):
