@@ -53,6 +53,7 @@ def test_an_entry_reads_back_as_written_and_goes_when_dropped(tmp_path: Path) ->
         {"vgpu_id": "../x"},
         {"containers": [{"name": "a/../../b", "limit": 1, "request": 0}]},
         {"containers": [{"name": "a/b", "limit": 1, "request": -1}]},
+        {"actuator": "ssh"},
     ],
 )
 def test_an_entry_with_garbage_is_skipped_never_given_back(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,11 @@ from test_apiserver import UID
 from kuscale.actuators.resize import ResizeActuator, cpu_percent
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1
+from kuscale.cli import main
 from kuscale.config import AgentConfig
 from kuscale.model import PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded
+from kuscale.originals import OriginalsRecord
 
 POD_PATH = "/api/v1/namespaces/ml/pods/trainer"
 CGROUP = f"kubepods/burstable/pod{UID}"
@@ -49,13 +51,14 @@ class ResizeApi:
 
     def __init__(self, pod: dict[str, Any]) -> None:
         self.pod = pod
+        self.pod_path = POD_PATH
         self.patches: list[dict[str, Any]] = []
         self.refusal: int | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                self.answer(200, fake.pod) if self.path == POD_PATH else self.answer(404, {})
+                self.answer(200, fake.pod) if self.path == fake.pod_path else self.answer(404, {})
 
             def do_PATCH(self) -> None:
                 url = urlparse(self.path)
@@ -173,3 +176,109 @@ def test_cpu_quantities_parse_as_the_api_writes_them() -> None:
     for garbage in ("lots", "-1", None):
         with pytest.raises(BackendError):
             cpu_percent(garbage)
+
+
+def kubeconfig(api: ResizeApi, path: Path) -> Path:
+    server = f"http://127.0.0.1:{api.server.server_address[1]}"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": server}}],
+                "users": [{"name": "agent", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "agent"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def restore_here(cgroups: CgroupV1, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
+    """`kuscale restore` on the fixture tree, its kubeconfig's settings kept to this test."""
+    monkeypatch.setattr("kuscale.backends.cgroup.detect", lambda: cgroups)
+    monkeypatch.setattr(client.Configuration, "_default", None)
+    return main
+
+
+def crashed_after_a_resize(api: ResizeApi, cgroups: CgroupV1, record: OriginalsRecord) -> None:
+    """An agent resized the pod through the API server, then died without giving it back."""
+    monitor = Monitor(
+        cgroups, None, AgentConfig(), actuator=ResizeActuator(api.core), originals=record
+    )
+    monitor.submit(
+        PodAdded(PodSpec(name="trainer", namespace="ml", tokens=50, cgroup=CGROUP, uid=UID))
+    )
+    monitor.tick(0.0)
+    assert api.limits() == {"app": "100m", "proxy": "50m"}
+    (entry,) = record.entries()
+    assert entry.actuator == "resize"
+
+
+def test_restore_gives_the_declared_limits_back_through_the_api_server(
+    cgroups: CgroupV1,
+    tmp_path: Path,
+    restore_here: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    api = ResizeApi(trainer())
+    record = OriginalsRecord(tmp_path / "record")
+    crashed_after_a_resize(api, cgroups, record)
+    config = kubeconfig(api, tmp_path / "kubeconfig")
+    assert (
+        restore_here(
+            ["restore", "--record-dir", str(record.directory), "--kubeconfig", str(config)]
+        )
+        == 0
+    )
+    assert api.limits() == {"app": "1000m", "proxy": "250m"}
+    assert list(record.entries()) == []
+    assert "ml/trainer: given back" in capsys.readouterr().out
+    api.server.shutdown()
+
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "replaced"])
+def test_restore_drops_a_pod_gone_meanwhile_and_touches_no_namesake(
+    cgroups: CgroupV1,
+    tmp_path: Path,
+    restore_here: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
+    meanwhile: str,
+) -> None:
+    api = ResizeApi(trainer())
+    record = OriginalsRecord(tmp_path / "record")
+    crashed_after_a_resize(api, cgroups, record)
+    api.patches.clear()
+    if meanwhile == "deleted":
+        api.pod = {**api.pod, "metadata": {"name": "elsewhere", "namespace": "ml", "uid": UID}}
+        api.pod_path = "/api/v1/namespaces/ml/pods/elsewhere"
+    else:
+        api.pod = {**trainer(), "metadata": {"name": "trainer", "namespace": "ml", "uid": "new"}}
+    config = kubeconfig(api, tmp_path / "kubeconfig")
+    assert (
+        restore_here(
+            ["restore", "--record-dir", str(record.directory), "--kubeconfig", str(config)]
+        )
+        == 0
+    )
+    assert api.patches == []
+    assert list(record.entries()) == []
+    assert "ml/trainer: gone meanwhile, dropped from the record" in capsys.readouterr().out
+    api.server.shutdown()
+
+
+def test_restore_without_credentials_keeps_the_entry_and_says_why(
+    cgroups: CgroupV1,
+    tmp_path: Path,
+    restore_here: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    api = ResizeApi(trainer())
+    record = OriginalsRecord(tmp_path / "record")
+    crashed_after_a_resize(api, cgroups, record)
+    api.server.shutdown()
+    assert restore_here(["restore", "--record-dir", str(record.directory)]) == 1
+    assert "resized through the API server" in capsys.readouterr().err
+    assert len(list(record.entries())) == 1

@@ -23,15 +23,18 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:
+    from kuscale.actuators.resize import ResizeActuator
     from kuscale.kubernetes.agent import KubernetesAgent
 
 from kuscale import faults
-from kuscale.backends.base import BackendError
+from kuscale.actuators.base import CpuActuator
+from kuscale.actuators.cgroup import CgroupActuator
+from kuscale.backends.base import BackendError, CpuBackend
 from kuscale.config import POLICY_NAMES, ConfigError, load_config
 from kuscale.kubernetes import DEVICE_PLUGIN_DIR, POD_RESOURCES_SOCKET
 from kuscale.local.statedir import StateDir, StateDirError
 from kuscale.logs import setup_logging
-from kuscale.model import InvalidSpec, validate_pod_name, validate_tokens
+from kuscale.model import InvalidSpec, Original, validate_pod_name, validate_tokens
 from kuscale.originals import OriginalsRecord, RecordError
 
 log = logging.getLogger("kuscale")
@@ -293,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--config", type=Path, help="the agent's config ([gpu_layer] root, Kubernetes mode)"
     )
+    restore.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="for pods held through pods/resize (default: the in-cluster account)",
+    )
 
     status = sub.add_parser("status", help="show every pod the local agent manages")
     status.add_argument("--state-dir", type=Path, required=True)
@@ -499,8 +507,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """The operator's escape hatch after a crash or an uninstall: every recorded pod gets
-    back what it had, straight from the record; refused while an agent holds it."""
-    from kuscale.actuators.cgroup import CgroupActuator
+    back what it had, straight from the record, the way the agent held it; refused while an
+    agent holds the record."""
     from kuscale.backends.cgroup import detect
     from kuscale.backends.vgpu import VgpuLayer
     from kuscale.originals import give_back
@@ -520,19 +528,54 @@ def cmd_restore(args: argparse.Namespace) -> int:
         gpu_root = Path(layer.root) if layer.kind == "vgpu" else None
     gpu = VgpuLayer(gpu_root) if gpu_root is not None and gpu_root.is_dir() else None
     cgroups = detect()
+    actuators = RestoreActuators(cgroups, args.kubeconfig)
     failed = 0
-    for original in record.entries():
-        try:
-            give_back(original, CgroupActuator(cgroups), cgroups, gpu)
-            faults.reached("restore.given_back")
-            record.drop(original.key)
-            faults.reached("restore.dropped")
-        except (BackendError, RecordError) as err:
-            failed += 1
-            print(f"{original.key}: not given back: {err}", file=sys.stderr)
-            continue
-        print(f"{original.key}: given back (cgroup {original.cgroup})")
+    with record.launching():
+        for original in record.entries():
+            try:
+                present = give_back(original, actuators.of(original), cgroups, gpu)
+                faults.reached("restore.given_back")
+                record.drop(original.key)
+                faults.reached("restore.dropped")
+            except (BackendError, RecordError, CliError) as err:
+                failed += 1
+                print(f"{original.key}: not given back: {err}", file=sys.stderr)
+                continue
+            if present:
+                print(f"{original.key}: given back (cgroup {original.cgroup})")
+            else:
+                print(f"{original.key}: gone meanwhile, dropped from the record")
     return 1 if failed else 0
+
+
+class RestoreActuators:
+    """The actuator each entry was held by: the cgroups, or the API server's resize through
+    the kubeconfig or the in-cluster account, connected once, when an entry first asks."""
+
+    def __init__(self, cgroups: CpuBackend, kubeconfig: Path | None) -> None:
+        self.cgroup = CgroupActuator(cgroups)
+        self.kubeconfig = kubeconfig
+        self._resize: ResizeActuator | CliError | None = None
+
+    def of(self, original: Original) -> CpuActuator:
+        if original.actuator == "cgroup":
+            return self.cgroup
+        if self._resize is None:
+            self._resize = self._connect()
+        if isinstance(self._resize, CliError):
+            raise self._resize
+        return self._resize
+
+    def _connect(self) -> ResizeActuator | CliError:
+        from kubernetes.config import ConfigException
+
+        from kuscale.actuators.resize import ResizeActuator
+        from kuscale.kubernetes.apiserver import core_api
+
+        try:
+            return ResizeActuator(core_api(self.kubeconfig))
+        except ConfigException as err:
+            return CliError(f"its limits were resized through the API server: {err}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -162,6 +162,9 @@ class Original:
     """The GPU share before kuscale (None: unlimited); meaningful only with `vgpu_id`."""
     launched: bool = False
     """Recorded by `kuscale launch` as it made the cgroup, before any agent saw the pod."""
+    actuator: str = "cgroup"
+    """Which CPU actuator held the pod, so `kuscale restore` gives it back the same way:
+    `cgroup` writes the cgroups, `resize` asks the API server for the declared limits."""
 
 
 @dataclass(frozen=True, slots=True)

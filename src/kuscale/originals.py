@@ -40,6 +40,7 @@ log = logging.getLogger("kuscale.originals")
 
 _ENTRY = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?_[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.json$")
 _CGROUP_PART = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
+ACTUATORS = ("cgroup", "resize")
 
 
 class RecordError(OSError):
@@ -196,6 +197,7 @@ def _encode(original: Original) -> dict[str, Any]:
         "vgpu_id": original.vgpu_id,
         "gpu_limit": original.gpu_limit,
         "launched": original.launched,
+        "actuator": original.actuator,
     }
 
 
@@ -231,6 +233,9 @@ def _decode(data: Any) -> Original:
     launched = data.get("launched", False)
     if not isinstance(launched, bool):
         raise ValueError(f"launched {launched!r} is not true or false")
+    actuator = data.get("actuator", "cgroup")
+    if actuator not in ACTUATORS:
+        raise ValueError(f"actuator {actuator!r} is not one of {', '.join(ACTUATORS)}")
     vgpu_id = data["vgpu_id"]
     if vgpu_id is not None:
         try:
@@ -246,6 +251,7 @@ def _decode(data: Any) -> Original:
         vgpu_id=vgpu_id,
         gpu_limit=_limit(data["gpu_limit"]),
         launched=launched,
+        actuator=actuator,
     )
 
 
@@ -267,11 +273,12 @@ def _check_cgroup(cgroup: str) -> None:
 
 def give_back(
     original: Original, actuator: CpuActuator, cpu: CpuBackend, gpu: GpuBackend | None
-) -> None:
+) -> bool:
     """Put back everything an entry recorded: the pod's CPU limit and its containers' (in
-    the order the kernel accepts), its cpu.shares, its GPU share. A cgroup that is gone needs
-    nothing back. Raises BackendError, having tried every part, when one could not be put
-    back; the entry must then stay."""
+    the order the kernel accepts, or through the API server), its cpu.shares, its GPU share.
+    A cgroup or pod that is gone needs nothing back. Raises BackendError, having tried every
+    part, when one could not be put back; the entry must then stay. False when the pod was
+    gone."""
     namespace, _, name = original.key.partition("/")
     spec = PodSpec(
         name=name,
@@ -282,22 +289,25 @@ def give_back(
         containers=tuple(c.name for c in original.held.containers if "/" in c.name),
     )
     failures: list[str] = []
+    gone: list[str] = []
 
     def attempt(put_back: Callable[[], None]) -> None:
         try:
             put_back()
-        except CgroupGone:
-            return
+        except CgroupGone as err:
+            gone.append(str(err))
         except BackendError as err:
             failures.append(str(err))
 
     attempt(lambda: actuator.release(spec, original.held))
+    present = not gone
     if original.shares is not None:
         shares = original.shares
         attempt(lambda: cpu.write_shares(spec.cgroup, shares))
     attempt(lambda: _give_back_gpu(original, gpu))
     if failures:
         raise BackendError("; ".join(failures))
+    return present
 
 
 def _give_back_gpu(original: Original, gpu: GpuBackend | None) -> None:

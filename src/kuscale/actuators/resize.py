@@ -86,11 +86,18 @@ class ResizeActuator:
         self._patch(spec, {c.name: m for c, m in zip(held.containers, milli, strict=True)})
 
     def release(self, spec: PodSpec, held: Held) -> None:
+        """The declared limits back, to the very pod that held them: a pod of the same name
+        made since (another UID) is not touched, and counts as gone (CgroupGone)."""
+        pod = self._call(
+            spec,
+            lambda: self.core.read_namespaced_pod(
+                spec.name, spec.namespace, _request_timeout=self.timeout
+            ),
+        )
+        if pod.metadata is None or pod.metadata.uid != spec.uid:
+            raise CgroupGone(f"pod {spec.key} is not the one with UID {spec.uid}")
         declared = {c.name: round((c.limit or 0.0) * MILLI_PER_PERCENT) for c in held.containers}
-        try:
-            self._patch(spec, declared)
-        except CgroupGone:
-            return
+        self._patch(spec, declared)
 
     def _split(self, held: Held, limit: float) -> list[int]:
         """Millicores per container: the pod's limit in proportion to their declared limits,

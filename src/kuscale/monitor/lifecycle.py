@@ -221,6 +221,7 @@ class Lifecycle:
         earlier agent took over and never gave back, what that agent recorded. A record that
         cannot be written refuses the pod: no change is made that could not be undone."""
         current = Original(
+            actuator=self.actuator.mode,
             key=spec.key,
             uid=spec.uid,
             cgroup=spec.cgroup,
