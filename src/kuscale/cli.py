@@ -589,15 +589,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"no agent has written a status in {args.state_dir} "
             f"(start one with `kuscale agent --local --state-dir {args.state_dir}`)"
         )
-    age = time.time() - float(snapshot.get("time", 0))
-    snapshot["age_seconds"] = age
-    snapshot["stale"] = age > STALE_PERIODS * float(snapshot.get("period", 1.0))
+    try:
+        age = time.time() - float(snapshot.get("time", 0))
+        snapshot["age_seconds"] = age
+        snapshot["stale"] = age > STALE_PERIODS * float(snapshot.get("period", 1.0))
+        lines = status_lines(snapshot)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CliError(f"{state.status} holds a status kuscale cannot show: {err!r}") from None
     if args.json:
         print(json.dumps(snapshot, indent=2))
         return 0
     if snapshot["stale"]:
         print(f"warning: the agent has not written a status for {age:.1f} s; it may be stopped")
-    print("\n".join(status_lines(snapshot)))
+    print("\n".join(lines))
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kuscale.model import INITIAL_LIMIT, RESOURCES, Resource
+from kuscale.model import INITIAL_LIMIT, RESOURCES, Resource, is_decimal
 
 
 class ConfigError(ValueError):
@@ -220,7 +220,7 @@ class GpuLayerConfig:
         if not self.pod_manager:
             return None
         host, _, port = str(self.pod_manager).rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not host or not is_decimal(port) or not 1 <= int(port) <= 65535:
             raise ConfigError(f"gpu_layer.pod_manager must be HOST:PORT, got {self.pod_manager!r}")
         return host, int(port)
 

@@ -25,6 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from kuscale.model import is_decimal
+
 log = logging.getLogger("kuscale.exporter")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -56,7 +58,7 @@ class AddressError(ValueError):
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not is_decimal(port) or not 0 <= int(port) <= 65535:
         raise AddressError(f"metrics address {text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
 

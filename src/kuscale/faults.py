@@ -17,6 +17,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kuscale.model import is_decimal
+
 FAULT_ENV = "KUSCALE_FAULT"
 IN_POD_ENV = "KUBERNETES_SERVICE_HOST"
 """Set by the kubelet in every container: the mark of a production start."""
@@ -61,7 +63,7 @@ def parse(text: str) -> Fault:
         raise FaultError(
             f"{FAULT_ENV}={text!r} names no fault point; the points are: {', '.join(POINTS)}"
         )
-    if count and not (count.isdigit() and int(count) >= 1):
+    if count and not (is_decimal(count) and int(count) >= 1):
         raise FaultError(f"{FAULT_ENV}={text!r}: the pass to stop at must be a number >= 1")
     if action and action not in ACTIONS:
         raise FaultError(f"{FAULT_ENV}={text!r}: the action is one of {', '.join(ACTIONS)}")

@@ -36,6 +36,12 @@ SHARES_PER_100_TOKENS = 1024
 """cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
 
 
+def is_decimal(text: str) -> bool:
+    """Only the ASCII digits 0-9: `str.isdigit` also takes "²" and "①", which `int` refuses,
+    and "１", which no kernel file or wire format holds."""
+    return text.isascii() and text.isdigit()
+
+
 def shares_for_tokens(tokens: int) -> int:
     """cpu.shares in proportion to tokens, inside the kernel's range."""
     return min(max(round(tokens * SHARES_PER_100_TOKENS / 100), MIN_SHARES), MAX_SHARES)

@@ -245,6 +245,15 @@ def render(snapshot: dict[str, Any], source: str, sort_key: str) -> Group:
     return Group(header, table)
 
 
+def refresh_seconds(snapshot: dict[str, Any]) -> float:
+    """The agent's period, or a second where the status does not give a sane one."""
+    try:
+        period = float(snapshot.get("period", 1.0))
+    except (TypeError, ValueError):
+        return 1.0
+    return period if 0.01 <= period <= 3600 else 1.0
+
+
 @contextlib.contextmanager
 def keys_from(stream: Any) -> Iterator[list[str]]:
     """Keys typed on a terminal, collected by a thread; nothing when not on a terminal."""
@@ -272,17 +281,26 @@ def keys_from(stream: Any) -> Iterator[list[str]]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
+def shown(snapshot: dict[str, Any], source: str, sort_key: str) -> Group:
+    """The frame, or a TopError where the status was written by another version, or cut or
+    damaged on disk: a view never ends in a traceback."""
+    try:
+        return render(snapshot, source, sort_key)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise TopError(f"{source} holds a status kuscale cannot show: {err!r}") from None
+
+
 def run_top(
     source: Source, sort_key: str, once: bool, interval: float | None, console: Console
 ) -> None:
     snapshot = source.fetch()
     if once:
-        console.print(render(snapshot, source.label, sort_key))
+        console.print(shown(snapshot, source.label, sort_key))
         return
     with keys_from(sys.stdin) as pressed, Live(console=console, auto_refresh=False) as live:
         while True:
-            live.update(render(snapshot, source.label, sort_key), refresh=True)
-            deadline = time.monotonic() + (interval or float(snapshot.get("period", 1.0)))
+            live.update(shown(snapshot, source.label, sort_key), refresh=True)
+            deadline = time.monotonic() + (interval or refresh_seconds(snapshot))
             while time.monotonic() < deadline:
                 while pressed:
                     key = pressed.pop(0).lower()
@@ -290,6 +308,6 @@ def run_top(
                         return
                     if key in SORT_KEYS:
                         sort_key = SORT_KEYS[key]
-                        live.update(render(snapshot, source.label, sort_key), refresh=True)
+                        live.update(shown(snapshot, source.label, sort_key), refresh=True)
                 time.sleep(0.05)
             snapshot = source.fetch()

@@ -32,7 +32,7 @@ from kuscale.backends.files import (
 )
 from kuscale.backends.kernelset import CgroupFiles, KernelCgroupSet
 from kuscale.backends.pressure import Pressure, PressureTrigger, read_pressure
-from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters
+from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters, is_decimal
 
 MIN_QUOTA_US = 1000
 MAX_QUOTA_US = (1 << 44) - 1
@@ -326,8 +326,8 @@ class CgroupV2(_CgroupTree):
         fields = read_text(path).split()
         if (
             len(fields) != 2
-            or not fields[1].isdigit()
-            or not (fields[0] == "max" or fields[0].isdigit())
+            or not is_decimal(fields[1])
+            or not (fields[0] == "max" or is_decimal(fields[0]))
         ):
             raise BackendError(
                 f"{path} holds {' '.join(fields)[:40]!r}, not '<quota|max> <period>'"

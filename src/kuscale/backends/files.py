@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kuscale.backends.base import BackendError, CgroupGone, CounterError
+from kuscale.model import is_decimal
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
 
@@ -77,7 +78,7 @@ def _counter(digits: str, what: str) -> int:
 def parse_int(text: str, path: str | Path) -> int:
     """A counter: one non-negative integer."""
     value = text.strip()
-    if not value.isdigit():
+    if not is_decimal(value):
         raise CounterError(f"{path} holds {value[:40]!r}, not a counter")
     return _counter(value, str(path))
 
@@ -86,7 +87,7 @@ def parse_keyed(text: str, path: str | Path) -> dict[str, int]:
     """A flat keyed file such as cpu.stat: `key value` pairs; unknown keys are kept."""
     fields = text.split()
     values = fields[1::2]
-    if len(fields) % 2 or not all(map(str.isdigit, values)):
+    if len(fields) % 2 or not all(map(is_decimal, values)):
         raise CounterError(f"{path} is not `key value` lines: {text[:60]!r}")
     counters = dict(zip(fields[::2], map(int, values), strict=True))
     if counters and max(counters.values()) > MAX_COUNTER:
@@ -106,7 +107,7 @@ def parse_key(text: str, key: str, path: str | Path) -> int:
     start += len(key) + 1
     end = text.find("\n", start)
     value = text[start:] if end < 0 else text[start:end]
-    if not value.isdigit():
+    if not is_decimal(value):
         raise CounterError(f"{path}: {key} is {value[:40]!r}, not a counter")
     return _counter(value, f"{path}: {key}")
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from kuscale.backends.base import BackendError, RangeError
 from kuscale.backends.files import confine
+from kuscale.model import is_decimal
 
 log = logging.getLogger("kuscale.gemini")
 
@@ -80,7 +81,7 @@ def validate_client_name(name: str) -> str:
 
 def parse_client(line: str) -> ClientLine | None:
     fields = line.split()
-    if len(fields) != 4 or len(fields[0]) > MAX_CLIENT_NAME or not fields[3].isdigit():
+    if len(fields) != 4 or len(fields[0]) > MAX_CLIENT_NAME or not is_decimal(fields[3]):
         return None
     try:
         request, limit = float(fields[1]), float(fields[2])
@@ -95,7 +96,7 @@ def parse_config(text: str) -> list[Entry]:
     """Every line after the count, read where it can be and kept verbatim where not (split
     on newlines alone, as gem-schd's stream reads it)."""
     lines = [line for line in text.split("\n") if line.strip()]
-    if lines and lines[0].strip().isdigit():
+    if lines and is_decimal(lines[0].strip()):
         lines = lines[1:]
     return [parse_client(line) or line for line in lines]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kuscale.backends.base import BackendError, RangeError
 from kuscale.backends.files import read_text
+from kuscale.model import is_decimal
 
 MIN_WINDOW_US = 500_000
 MAX_WINDOW_US = 10_000_000
@@ -37,7 +38,7 @@ def parse_pressure(text: str, path: str) -> Pressure:
         kind, _, fields = line.partition(" ")
         values = dict(field.partition("=")[::2] for field in fields.split())
         total = values.get("total", "")
-        if kind in totals and total.isdigit():
+        if kind in totals and is_decimal(total):
             totals[kind] = int(total)
     if totals["some"] < 0:
         raise BackendError(f"{path} has no 'some ... total=N' line")

@@ -20,6 +20,7 @@ from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.gpuemu.client import GPU_DEVICE_ENV, VGPU_ENV
+from kuscale.model import is_decimal
 
 TOKEN_PREFIX = "token-"
 HOOK_CLIENT_ENV = "POD_NAME"
@@ -35,7 +36,7 @@ def token_id(index: int) -> str:
 
 def _token_index(token: str) -> int:
     suffix = token.removeprefix(TOKEN_PREFIX)
-    return int(suffix) if suffix.isdigit() else -1
+    return int(suffix) if is_decimal(suffix) else -1
 
 
 def vgpu_id_for(tokens: Iterable[str]) -> str:

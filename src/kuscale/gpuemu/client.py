@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from kuscale.gpuemu.gemini import GeminiError, GeminiGate
+from kuscale.model import is_decimal
 
 VGPU_ENV = "KUSCALE_VGPU_ID"
 GPU_SOCKET_ENV = "KUSCALE_GPU_SOCKET"
@@ -79,6 +80,6 @@ def from_environment() -> tuple[Path | None, str | None, int]:
     put in the environment."""
     socket_path = os.environ.get(GPU_SOCKET_ENV)
     device = os.environ.get(GPU_DEVICE_ENV, "0")
-    if not device.isdigit():
+    if not is_decimal(device):
         raise GpuClientError(f"{GPU_DEVICE_ENV}={device!r} is not a device index")
     return (Path(socket_path) if socket_path else None), os.environ.get(VGPU_ENV), int(device)

@@ -35,7 +35,7 @@ from pathlib import Path
 from kuscale.backends.base import BackendError
 from kuscale.backends.files import confine
 from kuscale.backends.vgpu import GPU_LIMIT, MAX_PER_MILLE, RELOAD_FILE, TOTAL_RUNTIME, VgpuLayer
-from kuscale.model import InvalidSpec, validate_vgpu_id
+from kuscale.model import InvalidSpec, is_decimal, validate_vgpu_id
 
 log = logging.getLogger("kuscale.gpuemu")
 
@@ -245,7 +245,7 @@ class GpuEmulator:
         match words:
             case ["HELLO", vgpu_id, *device] if len(device) <= 1:
                 return self._hello(client, vgpu_id, device[0] if device else "0")
-            case ["RUN", micros] if micros.isdigit():
+            case ["RUN", micros] if is_decimal(micros):
                 if client.account is None or client.device is None:
                     return "ERR say HELLO first"
                 seconds = min(int(micros) / 1e6, MAX_KERNEL_SECONDS)
@@ -256,7 +256,7 @@ class GpuEmulator:
                 return "DONE"
             case ["DEVICES"]:
                 return str(len(self.devices))
-            case ["SAMPLES", index, since] if index.isdigit() and since.isdigit():
+            case ["SAMPLES", index, since] if is_decimal(index) and is_decimal(since):
                 if int(index) >= len(self.devices):
                     return f"ERR no device {index}"
                 lines = [
@@ -267,7 +267,7 @@ class GpuEmulator:
         return "ERR unknown request"
 
     def _hello(self, client: Client, vgpu_id: str, device: str) -> str:
-        if not device.isdigit() or int(device) >= len(self.devices):
+        if not is_decimal(device) or int(device) >= len(self.devices):
             return f"ERR no device {device[:20]!r}"
         try:
             client.account = self.account(validate_vgpu_id(vgpu_id))

@@ -16,6 +16,8 @@ import os
 import socket
 import struct
 
+from kuscale.model import is_decimal
+
 REQ_QUOTA = 0
 REQUEST_BYTES = 80
 RESPONSE_BYTES = 40
@@ -94,7 +96,7 @@ def gate_from_environment() -> GeminiGate | None:
     port = os.environ.get(POD_MANAGER_PORT_ENV)
     if not port:
         return None
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not is_decimal(port) or not 1 <= int(port) <= 65535:
         raise GeminiError(f"{POD_MANAGER_PORT_ENV}={port!r} is not a TCP port")
     name = os.environ.get(POD_NAME_ENV) or socket.gethostname()
     return GeminiGate(os.environ.get(POD_MANAGER_IP_ENV, "127.0.0.1"), int(port), name)
