@@ -5,14 +5,24 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import write_files
 
 from kuscale.backends.base import BackendError, CgroupGone, CounterError, RangeError
-from kuscale.backends.cgroup import CgroupV1, CgroupV2, Mount, detect, limit_to_quota, read_mounts
+from kuscale.backends.cgroup import (
+    CgroupV1,
+    CgroupV2,
+    Mount,
+    detect,
+    limit_to_quota,
+    read_mounts,
+    shares_to_weight,
+    weight_to_shares,
+)
 from kuscale.backends.files import confine
 from kuscale.backends.pressure import Pressure
-from kuscale.model import CpuCounters
+from kuscale.model import MAX_SHARES, MIN_SHARES, CpuCounters
 
 
 def test_v1_reads_usage_from_cpuacct_and_throttling_from_cpu(v1_tree: CgroupV1) -> None:
@@ -207,3 +217,12 @@ def test_a_psi_trigger_on_a_missing_cgroup_or_an_escaping_name_is_an_error(
         v2_tree.pressure_trigger("pods/gone", 100_000, 1_000_000)
     with pytest.raises(BackendError, match="not allowed"):
         v2_tree.pressure_trigger("../etc", 100_000, 1_000_000)
+
+
+def test_every_weight_given_back_through_shares_is_the_weight_read() -> None:
+    """A v2 weight is recorded as shares and given back as a weight: the round trip must
+    not drift (weight 100 came back 99 once, and 98 after a second agent)."""
+    weights = np.arange(1, 10001)
+    back = [shares_to_weight(weight_to_shares(int(w))) for w in weights]
+    assert back == weights.tolist()
+    assert weight_to_shares(1) == MIN_SHARES and weight_to_shares(10000) == MAX_SHARES

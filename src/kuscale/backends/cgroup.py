@@ -373,7 +373,9 @@ def shares_to_weight(shares: int) -> int:
 
 
 def weight_to_shares(weight: int) -> int:
-    return MIN_SHARES + (weight - 1) * (MAX_SHARES - MIN_SHARES) // 9999
+    """The fewest shares `shares_to_weight` maps back to `weight`, rounding up: rounded down,
+    a weight read, recorded as shares and given back came back one lower (100 as 99)."""
+    return MIN_SHARES - (-(weight - 1) * (MAX_SHARES - MIN_SHARES) // 9999)
 
 
 @dataclass(frozen=True, slots=True)
