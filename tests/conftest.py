@@ -300,9 +300,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return True
 
 
+FIGURES: list[tuple[str, str, object]] = []
+"""(test, name, value) that tests recorded with `record_property`, here or in the guest."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        FIGURES.extend((report.nodeid, name, value) for name, value in report.user_properties)
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
+    for nodeid, name, value in FIGURES:
+        terminalreporter.write_line(f"measured: {nodeid.split('::')[-1]}: {name}: {value}")
     run = config.stash.get(_GUEST_RUN, None)
     if run is not None and run.skip is None:
         terminalreporter.write_line(

@@ -118,7 +118,7 @@ def test_a_psi_trigger_fires_for_a_starving_cgroup_and_not_for_an_idle_one(
         fired: set[PressureTrigger] = set()
 
         def starving_fired() -> bool:
-            fired.update(wait_for_pressure([quiet, loud], 1.0))
+            fired.update(wait_for_pressure([quiet, loud], 1.0)[0])
             return loud in fired
 
         wait_for(starving_fired, timeout=20)

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import stretched
+from conftest import BUSY, stretched, wait_for
 
 from kuscale.backends.base import CgroupGone
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.config import AgentConfig, ConfigError, PolicyConfig, config_from_mapping
 from kuscale.model import PodSpec, Resource
-from kuscale.monitor import Monitor, PodAdded
+from kuscale.monitor import Monitor, PodAdded, Stop
 from kuscale.sim.node import SimCpu, SimNode, SimPod
 from kuscale.sim.run import run_period
 from kuscale.workload import Schedule
@@ -188,3 +190,68 @@ def test_fast_raises_keep_the_budget_on_real_cgroups(
         process.wait()
         monitor.restore()
     assert cgroups.read_limit(name) is None
+
+
+IDLE_PODS = 10
+IDLE_SECONDS = 3.0
+
+
+def run_in_thread(monitor: Monitor) -> threading.Thread:
+    loop = threading.Thread(target=monitor.run, name="kuscale-monitor", daemon=True)
+    loop.start()
+    return loop
+
+
+def reaction_and_idle_cost(
+    cgroups: CgroupV1 | CgroupV2, parent: str, pressure: bool
+) -> tuple[str, float, float]:
+    """The watch's mode; the loop's CPU seconds per second while every pod sleeps; seconds
+    from a burst's start to its fast raise, with ticks too far apart to answer it."""
+    config = replace(CONFIG, period=5.0, watch_pressure=pressure)
+    monitor = Monitor(cgroups, None, config)
+    processes: list[subprocess.Popen[bytes]] = []
+    names = [f"{parent}/{'psi' if pressure else 'poll'}-{i}" for i in range(IDLE_PODS + 1)]
+    loop = run_in_thread(monitor)
+    try:
+        for name in names:
+            cgroups.create(name)
+            processes.append(subprocess.Popen(["sleep", "600"]))
+            cgroups.attach(name, processes[-1].pid)
+            monitor.submit(PodAdded(PodSpec(name=name.rsplit("/")[-1], tokens=100, cgroup=name)))
+        wait_for(lambda: len(monitor.watcher.managed_cgroups()) == len(names), timeout=20)
+        time.sleep(0.5)
+        cpu, wall = time.process_time(), time.monotonic()
+        time.sleep(IDLE_SECONDS)
+        idle_cost = (time.process_time() - cpu) / (time.monotonic() - wall)
+        spinner = subprocess.Popen(BUSY)
+        processes.append(spinner)
+        started = time.monotonic()
+        cgroups.attach(names[0], spinner.pid)
+        reaction = wait_for(lambda: monitor.stats.fast_raises > 0, timeout=20, interval=0.01)
+        mode = monitor.snapshot()["watch"]
+        assert time.monotonic() - started >= reaction
+    finally:
+        monitor.submit(Stop())
+        loop.join(stretched(30))
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert not loop.is_alive()
+    return mode, idle_cost, reaction
+
+
+@pytest.mark.v2_kernel
+def test_the_watch_sleeps_on_pressure_triggers_where_the_kernel_has_them(
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+    record_property: Callable[[str, object], None],
+) -> None:
+    """On cgroup v2 the loop sleeps on PSI triggers and still raises a burst between ticks;
+    on v1, or with watch_pressure off, it polls. Its figures are printed, never judged."""
+    cgroups, parent = real_cgroups
+    expected = "pressure" if cgroups.mode == "cgroup-v2" else "poll"
+    for pressure, wanted in ((True, expected), (False, "poll")):
+        mode, idle_cost, reaction = reaction_and_idle_cost(cgroups, parent, pressure)
+        assert mode == wanted
+        label = f"watch_pressure={str(pressure).lower()}, {mode}"
+        record_property(f"{label}: loop CPU while {IDLE_PODS + 1} pods idle", f"{idle_cost:.2%}")
+        record_property(f"{label}: burst to fast raise", f"{reaction * 1000:.0f} ms")

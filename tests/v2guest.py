@@ -104,6 +104,8 @@ class GuestResult:
     outcome: Outcome
     text: str = ""
     seconds: float = 0.0
+    properties: list[tuple[str, object]] = field(default_factory=list)
+    """What the test recorded with `record_property`: figures measured in the guest."""
 
 
 @dataclass
@@ -242,7 +244,12 @@ def _read_report(path: Path) -> dict[str, GuestResult]:
     except (OSError, ValueError):
         return {}
     return {
-        nodeid: GuestResult(entry["outcome"], entry["text"], entry["seconds"])
+        nodeid: GuestResult(
+            entry["outcome"],
+            entry["text"],
+            entry["seconds"],
+            [(str(name), value) for name, value in entry.get("properties", [])],
+        )
         for nodeid, entry in raw.items()
     }
 
@@ -253,7 +260,7 @@ class GuestReporter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.results: dict[str, dict[str, str | float]] = {}
+        self.results: dict[str, dict[str, object]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A failure in any phase fails the test; a skip skips it; a passing call passes it."""
@@ -268,6 +275,7 @@ class GuestReporter:
             "outcome": report.outcome,
             "text": text,
             "seconds": report.duration,
+            "properties": [[name, value] for name, value in report.user_properties],
         }
         self.path.write_text(json.dumps(self.results))
 
@@ -297,6 +305,7 @@ def report_from_guest(item: pytest.Item, result: GuestResult) -> None:
             longrepr,  # type: ignore[arg-type]
             when,
             duration=result.seconds if when == "call" else 0.0,
+            user_properties=result.properties if when == "call" else [],
         )
         hooks.pytest_runtest_logreport(report=report)
     hooks.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)

@@ -246,6 +246,10 @@ class AgentConfig:
     watch_interval: float = 0.1
     """Seconds between reads of every pod's throttle counter between ticks; a pod seen
     throttled gets at once what its budget allows (the policy's fast path). 0 turns it off."""
+    watch_pressure: bool = True
+    """On cgroup v2, sleep between ticks on PSI triggers on the pods' cpu.pressure, which the
+    kernel fires when a pod stalls for CPU, instead of reading every pod each interval; the
+    watch polls where a trigger cannot be registered."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     gpu_layer: GpuLayerConfig = field(default_factory=GpuLayerConfig)
 
@@ -265,7 +269,7 @@ class AgentConfig:
             raise ConfigError(
                 f"agent.policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}"
             )
-        for key in ("monitor_only", "kernel_shares"):
+        for key in ("monitor_only", "kernel_shares", "watch_pressure"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"agent.{key} must be true or false")
         if isinstance(self.window, bool) or not isinstance(self.window, int):

@@ -13,6 +13,7 @@ import os
 import select
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from kuscale.backends.base import BackendError, RangeError
 from kuscale.backends.files import read_text
@@ -79,8 +80,11 @@ class PressureTrigger:
             self._fd = -1
 
 
-def wait_for_pressure(triggers: Sequence[PressureTrigger], timeout: float) -> list[PressureTrigger]:
-    """The triggers that fired within `timeout` seconds (none when it passed quietly).
+def wait_for_pressure(
+    triggers: Sequence[PressureTrigger], timeout: float, wake: int | None = None
+) -> tuple[list[PressureTrigger], bool]:
+    """The triggers that fired within `timeout` seconds (none when it passed quietly), and
+    whether `wake` (a descriptor another thread writes to end the wait) became readable.
 
     POLLERR means the cgroup was removed under the trigger: it is returned too, so the
     caller looks at the cgroup and finds it gone."""
@@ -88,4 +92,17 @@ def wait_for_pressure(triggers: Sequence[PressureTrigger], timeout: float) -> li
     by_fd = {trigger.fileno(): trigger for trigger in triggers}
     for fd in by_fd:
         poller.register(fd, select.POLLPRI)
-    return [by_fd[fd] for fd, _ in poller.poll(max(timeout, 0.0) * 1000.0)]
+    if wake is not None:
+        poller.register(wake, select.POLLIN)
+    ready = [fd for fd, _ in poller.poll(max(timeout, 0.0) * 1000.0)]
+    return [by_fd[fd] for fd in ready if fd in by_fd], wake in ready
+
+
+@runtime_checkable
+class PressureSource(Protocol):
+    """A CPU backend whose cgroups have `cpu.pressure` (cgroup v2)."""
+
+    def pressure_trigger(self, cgroup: str, stall_us: int, window_us: int) -> PressureTrigger:
+        """A trigger registered on `cgroup`: BackendError where the kernel refuses it,
+        CgroupGone where the cgroup is gone."""
+        ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ from kuscale.monitor.lifecycle import Lifecycle
 from kuscale.monitor.pods import PodState, Registry
 from kuscale.monitor.sampling import Sampler
 from kuscale.monitor.table import PodTable
-from kuscale.monitor.watching import Watch
+from kuscale.monitor.watching import PressureWake, Watch
 from kuscale.originals import OriginalsRecord
 from kuscale.policy import Policy, make_policy
 
@@ -110,13 +111,23 @@ class Monitor:
             reach,
             weighted,
         )
+        self._watching = config.watch_interval > 0 and not config.monitor_only
+        self.pressure = PressureWake(cpu, self._watching and config.watch_pressure)
+        self._wake: int | None = None
+        """An eventfd that `submit` writes while the loop sleeps on pressure triggers."""
+        self._wake_lock = threading.RLock()
+        """Taken by `submit` and by the loop closing the eventfd: reentrant, since a signal
+        handler submits on the loop's own thread."""
         self._stopping = False
 
     # Events: the only way in from other threads.
 
     def submit(self, event: Event) -> None:
-        """Thread-safe: queue an event for the loop thread."""
+        """Thread-safe: queue an event for the loop thread, and wake it where it sleeps."""
         self.events.put(event)
+        with self._wake_lock:
+            if self._wake is not None:
+                os.eventfd_write(self._wake, 1)
 
     def _handle(self, event: Event, now: float) -> None:
         if isinstance(event, Stop):
@@ -165,6 +176,7 @@ class Monitor:
     def run(self, clock: Callable[[], float] = time.monotonic) -> None:
         """Tick every period until a Stop event; then restore what was changed."""
         next_tick = clock()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             while not self._stopping:
                 self.tick(clock())
@@ -175,12 +187,40 @@ class Monitor:
                     delay = 0.0
                 self._wait(delay, clock)
         finally:
+            self.pressure.close()
+            with self._wake_lock:
+                os.close(self._wake)
+                self._wake = None
             self.restore()
 
     def _wait(self, delay: float, clock: Callable[[], float]) -> None:
-        """Sleep until the next tick, handling events as they come (a Stop ends the wait)
-        and running the watch every `watch_interval`."""
+        """Sleep until the next tick, handling events as they come (a Stop ends the wait):
+        on the pods' pressure triggers where the kernel has them, else polling."""
         deadline = clock() + delay
+        if self._wake is not None and self.pressure.follow(self.watcher.managed_cgroups()):
+            self._sleep_on_pressure(deadline, clock, self._wake)
+        else:
+            self._poll(deadline, clock)
+
+    def _sleep_on_pressure(self, deadline: float, clock: Callable[[], float], wake: int) -> None:
+        """The watch looks only when a pod stalled for CPU; events wake the loop through
+        `wake`, and a change of pods that leaves one without a trigger falls back to polling."""
+        while not self._stopping:
+            now = clock()
+            if now >= deadline:
+                return
+            stalled, woken = self.pressure.wait(wake, deadline - now)
+            if woken:
+                os.eventfd_read(wake)
+                self._drain(clock())
+                if not self.pressure.follow(self.watcher.managed_cgroups()):
+                    self._poll(deadline, clock)
+                    return
+            if stalled:
+                self.watch(clock())
+
+    def _poll(self, deadline: float, clock: Callable[[], float]) -> None:
+        """Handle events as they come, running the watch every `watch_interval`."""
         interval = self.config.watch_interval
         next_watch = clock() + interval if interval > 0 else math.inf
         while not self._stopping:
@@ -216,6 +256,7 @@ class Monitor:
             "capacity": {r.label: float(self.capacity[r]) for r in RESOURCES},
             "ticks": self.stats.ticks,
             "fast_raises": self.stats.fast_raises,
+            "watch": self.pressure.mode if self._watching else "off",
             "tick_seconds": self.stats.last_duration,
             "errors": dict(self.stats.errors),
         }

@@ -9,6 +9,13 @@ import logging
 import numpy as np
 
 from kuscale import faults
+from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.backends.pressure import (
+    MIN_WINDOW_US,
+    PressureSource,
+    PressureTrigger,
+    wait_for_pressure,
+)
 from kuscale.model import RESOURCES, Resource
 from kuscale.monitor.actuating import WRITE_RESOLUTION, Actuation
 from kuscale.monitor.events import TickStats, log
@@ -18,6 +25,58 @@ from kuscale.policy import Policy
 from kuscale.policy.base import BoolArray, FloatArray, IntArray, Starving
 
 CPU = Resource.CPU
+PRESSURE_WINDOW_US = MIN_WINDOW_US
+"""The kernel's shortest PSI window, 500 ms: a trigger fires within tens of ms of a stall."""
+PRESSURE_STALL_US = 20_000
+"""A pod whose tasks waited 20 ms for CPU within the window wakes the watch: a busy loop held
+to a tenth of a core stalls that long in about 25 ms, an idle pod never does."""
+
+
+class PressureWake:
+    """What the loop sleeps on between ticks where cgroup v2 has PSI: one trigger on each
+    managed pod's cpu.pressure, kept in step with the pods. The kernel wakes the loop when a
+    pod stalls for CPU, so an idle node costs no reads at all; the watch then looks as it
+    would have polled. Where any trigger cannot be registered, the watch polls instead."""
+
+    def __init__(self, cpu: CpuBackend, enabled: bool) -> None:
+        self.cpu = cpu
+        self.source = cpu if enabled and isinstance(cpu, PressureSource) else None
+        self.triggers: dict[str, PressureTrigger] = {}
+        self.refused: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return "poll" if self.source is None or self.refused else "pressure"
+
+    def follow(self, cgroups: list[str]) -> bool:
+        """Triggers on exactly these cgroups; False where the watch must poll meanwhile."""
+        if self.source is None or self.refused:
+            return False
+        wanted = set(cgroups)
+        for cgroup in [c for c in self.triggers if c not in wanted]:
+            self.triggers.pop(cgroup).close()
+        for cgroup in wanted.difference(self.triggers):
+            try:
+                self.triggers[cgroup] = self.source.pressure_trigger(
+                    cgroup, PRESSURE_STALL_US, PRESSURE_WINDOW_US
+                )
+            except BackendError as err:
+                if self.cpu.exists(cgroup):
+                    self.refused = str(err)
+                    log.info("the watch polls: no PSI trigger here (%s)", err)
+                    self.close()
+                return False
+        return True
+
+    def wait(self, wake: int, timeout: float) -> tuple[bool, bool]:
+        """Until a pod stalls, `wake` is written or `timeout` passes: (stalled, woken)."""
+        fired, woken = wait_for_pressure(list(self.triggers.values()), timeout, wake)
+        return bool(fired), woken
+
+    def close(self) -> None:
+        for trigger in self.triggers.values():
+            trigger.close()
+        self.triggers.clear()
 
 
 class Watch:
@@ -40,6 +99,11 @@ class Watch:
         self.period = period
         self.reach = reach
         self.weighted = weighted
+
+    def managed_cgroups(self) -> list[str]:
+        """The cgroups of the pods the watch may raise: those the pressure triggers follow."""
+        ready = self.sampler.ready()
+        return [ready.pods[i].spec.cgroup for i in ready.managed.tolist()]
 
     def look(self) -> None:
         """Read every managed pod's throttle counter; hand those throttled since the last
