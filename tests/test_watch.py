@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.config import AgentConfig, ConfigError, PolicyConfig, config_from_mapping
 from kuscale.model import PodSpec, Resource
 from kuscale.monitor import Monitor, PodAdded, Stop
+from kuscale.monitor.watching import PressureWake
 from kuscale.sim.node import SimCpu, SimNode, SimPod
 from kuscale.sim.run import run_period
 from kuscale.workload import Schedule
@@ -255,3 +257,21 @@ def test_the_watch_sleeps_on_pressure_triggers_where_the_kernel_has_them(
         label = f"watch_pressure={str(pressure).lower()}, {mode}"
         record_property(f"{label}: loop CPU while {IDLE_PODS + 1} pods idle", f"{idle_cost:.2%}")
         record_property(f"{label}: burst to fast raise", f"{reaction * 1000:.0f} ms")
+
+
+def test_pressure_triggers_follow_the_pods_and_fall_back_to_polling(v2_tree: CgroupV2) -> None:
+    pod = Path(v2_tree.cpu_root) / "pods" / "a"
+    wake = PressureWake(v2_tree, enabled=True)
+    (pod / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert wake.follow(["pods/a"]) and wake.mode == "pressure"
+    assert wake.follow([]) and not wake.triggers
+    assert not wake.follow(["pods/gone"]) and wake.mode == "pressure"
+    (pod / "cpu.pressure").unlink()
+    assert not wake.follow(["pods/a"])
+    assert wake.mode == "poll" and "cpu.pressure" in str(wake.refused)
+    assert not PressureWake(v2_tree, enabled=False).follow(["pods/a"])
+
+
+def test_a_v1_node_polls(v1_tree: CgroupV1) -> None:
+    wake = PressureWake(v1_tree, enabled=True)
+    assert wake.mode == "poll" and not wake.follow(["pods/a"])
