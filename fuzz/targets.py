@@ -10,6 +10,7 @@ an invalid write. `run` runs them all and returns the counts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -17,32 +18,50 @@ import shutil
 import struct
 import tempfile
 import tomllib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
 from kuscale.actuators.cgroup import CgroupActuator
 from kuscale.backends.base import BackendError
-from kuscale.backends.cgroup import MAX_QUOTA_US, MIN_QUOTA_US, CgroupV1
+from kuscale.backends.cgroup import MAX_QUOTA_US, MIN_QUOTA_US, CgroupV1, CgroupV2
 from kuscale.backends.gemini import GeminiLayer
 from kuscale.backends.hami import READY as HAMI_READY
 from kuscale.backends.hami import REGION_BYTES, parse_region
-from kuscale.cli import CliError, _config, _sim_scenario, build_parser
+from kuscale.backends.pressure import parse_pressure
+from kuscale.cli import CliError, _config, _sim_scenario, build_parser, main
 from kuscale.config import AgentConfig, ConfigError, config_from_mapping
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin.plugin import TokenPlugin
+from kuscale.kubernetes import podresources_pb2 as podresources_api
 from kuscale.kubernetes.apiserver import pod_view
+from kuscale.kubernetes.podresources import token_holders
 from kuscale.model import MAX_SHARES, MIN_SHARES, PodSpec
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.originals import OriginalsRecord, give_back
 from kuscale.sim.located import ScenarioError
 from kuscale.sim.scenario import parse_scenario
+
+RESULT = "RESULT "
+"""The start of the line a fuzz worker ends with: its Counts as JSON."""
+
+
+class Counts(TypedDict):
+    """What one target's worker found, as run.py reads it."""
+
+    target: str
+    inputs: int
+    crashes: int
+    invalid_writes: int
+    examples: list[str]
 
 
 @dataclass
@@ -283,7 +302,7 @@ def apiserver_target(data: dict[str, Any]) -> None:
 class Tree:
     """A cgroup v1 fixture tree on tmpfs with one pod, whose files each input rewrites."""
 
-    FILES = ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares")
+    FILES: tuple[str, ...] = ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares")
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -357,7 +376,9 @@ COUNTERS = st.fixed_dictionaries(
 )
 
 
-def counters_target(cases: tuple[dict[str, str], dict[str, str]], tree: Tree, tally: Tally) -> None:
+def counters_target(
+    cases: tuple[dict[str, str], dict[str, str]], tree: Tree, tally: Tally, name: str
+) -> None:
     """A pod whose counter and limit files hold anything, tick after tick and watch pass."""
     first, second = cases
     before = tree.fill(first)
@@ -365,13 +386,166 @@ def counters_target(cases: tuple[dict[str, str], dict[str, str]], tree: Tree, ta
     monitor = Monitor(tree.backend(), None, AgentConfig(period=1.0), originals=record)
     monitor.submit(PodAdded(PodSpec(name="web", tokens=150, cgroup="pods/web")))
     monitor.tick(0.0)
-    tree.check_writes(before, tally, "counters")
+    tree.check_writes(before, tally, name)
     before = tree.fill(second)
     monitor.watch(0.5)
     monitor.tick(1.0)
     monitor.restore()
-    tree.check_writes(before, tally, "counters")
+    tree.check_writes(before, tally, name)
     shutil.rmtree(tree.root / "record", ignore_errors=True)
+
+
+class TreeV2(Tree):
+    """A cgroup v2 fixture tree with one pod, laid out as the kernel's unified hierarchy."""
+
+    FILES = ("cpu.stat", "cpu.max", "cpu.weight")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cpu = root / "pods" / "web"
+        self.cpu.mkdir(parents=True, exist_ok=True)
+        for directory, extra in ((root, "cpu io memory"), (root / "pods", None)):
+            (directory / "cgroup.subtree_control").write_text("")
+            if extra:
+                (directory / "cgroup.controllers").write_text(extra)
+        (self.cpu / "cgroup.procs").write_text("")
+        (self.cpu / "cgroup.subtree_control").write_text("")
+
+    def fill(self, contents: dict[str, str]) -> dict[str, str]:
+        for name in self.FILES:
+            (self.cpu / name).write_text(contents.get(name, ""))
+        return self.snapshot()
+
+    def backend(self) -> CgroupV2:  # type: ignore[override]
+        return CgroupV2(self.root, self.root)
+
+    def check_writes(self, before: dict[str, str], tally: Tally, target: str) -> None:
+        """cpu.max as `max PERIOD` or `QUOTA PERIOD`, both within what the kernel accepts;
+        cpu.weight within [1, 10000]; nothing beside the pod's files."""
+        after = self.snapshot()
+        if after["cpu.max"] != before["cpu.max"]:
+            fields = after["cpu.max"].split()
+            numbers = [_number(f) for f in fields]
+            quota_ok = bool(fields) and (
+                fields[0] == "max" or MIN_QUOTA_US <= (numbers[0] or 0) <= MAX_QUOTA_US
+            )
+            if (
+                len(fields) != 2
+                or not quota_ok
+                or not PERIOD_US[0] <= (numbers[1] or 0) <= PERIOD_US[1]
+            ):
+                tally.invalid(target, f"cpu.max {after['cpu.max']!r}")
+        if after["cpu.weight"] != before["cpu.weight"]:
+            weight = after["cpu.weight"].strip()
+            if not weight.isascii() or not weight.isdigit() or not 1 <= int(weight) <= 10000:
+                tally.invalid(target, f"cpu.weight {weight!r}")
+        strays = {p.name for p in self.cpu.iterdir()} - {*self.FILES, *V2_OWN_FILES}
+        if strays:
+            tally.invalid(target, f"files written beside the pod's: {sorted(strays)}")
+
+
+V2_OWN_FILES = ("cgroup.procs", "cgroup.subtree_control")
+PERIOD_US = (1000, 1_000_000)
+"""The periods cpu.max takes: 1 ms to 1 s."""
+ODD_DIGITS = ["\u00b2", "\uff11", "\u0661", "\u2460"]
+"""Characters str.isdigit() takes and int() refuses, or the reverse: superscript two,
+fullwidth one, Arabic-Indic one, circled one."""
+ODD_NUMBER = st.one_of(
+    st.integers(-5, 2**66).map(str),
+    st.sampled_from(["max", "-1", "0", "1000", "100000", "", "nan", *ODD_DIGITS]),
+    st.text(max_size=4),
+)
+V2_STAT_TEXT = st.one_of(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["usage_usec", "nr_periods", "nr_throttled", "throttled_usec", "x"]),
+            ODD_NUMBER,
+        ),
+        max_size=5,
+    ).map(lambda pairs: "".join(f"{k} {v}\n" for k, v in pairs)),
+    st.text(max_size=30),
+)
+COUNTERS_V2 = st.fixed_dictionaries(
+    {
+        "cpu.stat": V2_STAT_TEXT,
+        "cpu.max": st.tuples(ODD_NUMBER, ODD_NUMBER).map(lambda p: f"{p[0]} {p[1]}\n")
+        | st.just("max 100000\n")
+        | st.text(max_size=20),
+        "cpu.weight": ODD_NUMBER.map(lambda v: f"{v}\n") | st.just("100\n"),
+    }
+)
+PRESSURE_TEXT = st.one_of(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["some", "full", "x", ""]),
+            st.lists(
+                st.tuples(st.sampled_from(["avg10", "avg60", "total", "", "="]), ODD_NUMBER),
+                max_size=4,
+            ),
+        ),
+        max_size=3,
+    ).map(
+        lambda lines: "".join(
+            kind + "".join(f" {key}={value}" for key, value in fields) + "\n"
+            for kind, fields in lines
+        )
+    ),
+    st.text(max_size=40),
+)
+
+
+def pressure_target(text: str) -> None:
+    """A cpu.pressure file holding anything: totals, or a BackendError naming the file."""
+    with contextlib.suppress(BackendError):
+        pressure = parse_pressure(text, "pods/web/cpu.pressure")
+        if pressure.some_total_us < 0 or pressure.full_total_us < 0:
+            raise ValueError(f"negative stall total {pressure}")
+
+
+STATUS = st.one_of(
+    VALUES,
+    st.fixed_dictionaries(
+        {
+            "time": VALUES,
+            "period": VALUES,
+            "pods": st.lists(
+                st.dictionaries(
+                    st.sampled_from(
+                        ["name", "status", "tokens", "resources", "token_queue", "reason"]
+                    ),
+                    VALUES,
+                    max_size=6,
+                ),
+                max_size=3,
+            ),
+        },
+        optional={"capacity": VALUES, "policy": VALUES, "mode": VALUES, "ticks": VALUES},
+    ),
+).map(lambda data: json.dumps(data, default=str))
+
+
+def status_target(text: str | bytes, directory: Path) -> None:
+    """A status file holding anything: `kuscale status` and `top --once` print it, or say
+    it cannot be read (exit 2); they never fail with a traceback."""
+    directory.mkdir(exist_ok=True)
+    path = directory / "status.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for argv in (["status"], ["status", "--json"], ["top", "--once"]):
+            code = main([argv[0], "--state-dir", str(directory), *argv[1:]])
+            if code not in (0, 2):
+                raise ValueError(f"kuscale {' '.join(argv)} exited {code}")
+
+
+def podresources_target(data: bytes) -> None:
+    """The kubelet's pod-resources List answer, any bytes: parsed, or refused as garbled."""
+    try:
+        response = podresources_api.ListPodResourcesResponse.FromString(data)
+    except DecodeError:
+        return
+    for holder in token_holders(response):
+        if holder.tokens != len({i for ids in holder.container_tokens for i in ids}):
+            raise ValueError(f"{holder} counts tokens it was not given")
 
 
 RECORDS = st.fixed_dictionaries(
@@ -493,30 +667,78 @@ Target = Callable[[Any], None]
 
 
 def targets(workdir: Path, tally: Tally) -> dict[str, tuple[st.SearchStrategy[Any], Target, float]]:
-    """Name → (inputs, what to do with one, share of the inputs)."""
+    """Name → (inputs, what to do with one, share of the inputs), the costliest first.
+
+    Shares are weighted by what an input costs here under atheris (about 12 ms for a
+    scenario or a status shown three ways, 4 ms for a config, a command line, a record or a
+    tick over counter files, 1.5-2.5 ms for the rest), so a million inputs take about
+    3,000 CPU seconds and every target gets at least ten thousand."""
     tree = Tree(workdir / "tree")
+    tree_v2 = TreeV2(workdir / "tree-v2")
+    status = workdir / "status"
     scenarios = workdir / "scenarios"
     scenarios.mkdir()
     return {
-        "config": (CONFIGS, config_target, 0.15),
-        "toml": (st.text(max_size=80), toml_target, 0.1),
-        "cli": (CLI, cli_target, 0.15),
-        "scenario": (st.tuples(SCENARIOS, CSV), lambda c: scenario_target(c, scenarios), 0.15),
-        "deviceplugin": (ALLOCATIONS, plugin_target, 0.1),
-        "apiserver": (PODS, apiserver_target, 0.1),
+        "scenario": (st.tuples(SCENARIOS, CSV), lambda c: scenario_target(c, scenarios), 0.02),
+        "status": (STATUS | st.binary(max_size=40), lambda t: status_target(t, status), 0.01),
         "counters": (
             st.tuples(COUNTERS, COUNTERS),
-            lambda c: counters_target(c, tree, tally),
-            0.15,
+            lambda c: counters_target(c, tree, tally, "counters"),
+            0.08,
         ),
-        "record": (RECORDS, lambda e: record_target(e, tree, tally), 0.1),
+        "counters_v2": (
+            st.tuples(COUNTERS_V2, COUNTERS_V2),
+            lambda c: counters_target(c, tree_v2, tally, "counters_v2"),
+            0.08,
+        ),
+        "record": (RECORDS, lambda e: record_target(e, tree, tally), 0.06),
+        "cli": (CLI, cli_target, 0.06),
+        "config": (CONFIGS, config_target, 0.06),
+        "apiserver": (PODS, apiserver_target, 0.1),
+        "hami": (_hami_regions(), hami_target, 0.08),
+        "deviceplugin": (ALLOCATIONS, plugin_target, 0.1),
         "gemini": (
             GEMINI_CASES,
             lambda c: gemini_target(c, workdir / "gemini", tally),
-            0.05,
+            0.1,
         ),
-        "hami": (_hami_regions(), hami_target, 0.03),
+        "toml": (st.text(max_size=80), toml_target, 0.1),
+        "pressure": (PRESSURE_TEXT, pressure_target, 0.08),
+        "podresources": (st.binary(max_size=200), podresources_target, 0.07),
     }
+
+
+MAX_LEN = 4096
+"""The longest input the guided fuzzer makes, and the filler that follows every input."""
+
+
+def playable(data: bytes) -> bytes:
+    """The fuzzer's bytes, then a filler they determine: hypothesis refuses a buffer its
+    choices run past, and libFuzzer starts from a few bytes."""
+    return data + hashlib.shake_256(data).digest(MAX_LEN)
+
+
+def replay(corpus: Path, tally: Tally) -> int:
+    """Play every kept input of every target's corpus/TARGET folder once; the count played.
+    A file that cannot be read is skipped with its name; a folder no target has is a crash."""
+    played = 0
+    with tempfile.TemporaryDirectory(prefix="kuscale-replay-", dir="/dev/shm") as workdir:
+        table = targets(Path(workdir), tally)
+        for folder in sorted(p for p in corpus.iterdir() if p.is_dir()):
+            if folder.name not in table:
+                tally.crash("replay", folder, KeyError(f"no fuzz target is named {folder.name}"))
+                continue
+            strategy, target, _ = table[folder.name]
+            one = counted(folder.name, strategy, target, 1, tally).hypothesis.fuzz_one_input
+            for path in sorted(folder.iterdir()):
+                try:
+                    data = path.read_bytes()
+                except OSError as err:
+                    warnings.warn(f"skipping corpus file {path}: {err.strerror}", stacklevel=1)
+                    continue
+                one(playable(data))
+                played += 1
+    return played
 
 
 def run(total: int, tally: Tally | None = None) -> Tally:
@@ -525,15 +747,19 @@ def run(total: int, tally: Tally | None = None) -> Tally:
     workdir = Path(tempfile.mkdtemp(prefix="kuscale-fuzz-", dir="/dev/shm"))
     try:
         for name, (strategy, target, share) in targets(workdir, tally).items():
-            run_target(name, strategy, target, max(1, round(total * share)), tally)
+            counted(name, strategy, target, max(1, round(total * share)), tally)()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return tally
 
 
-def run_target(
+def counted(
     name: str, strategy: st.SearchStrategy[Any], target: Target, count: int, tally: Tally
-) -> None:
+) -> Any:
+    """The target as a hypothesis test of `count` inputs that tallies each one: called, it
+    generates them; `.hypothesis.fuzz_one_input(data)` plays the one those bytes choose (how
+    a coverage-guided fuzzer drives it)."""
+
     @settings(
         max_examples=count,
         database=None,
@@ -549,4 +775,4 @@ def run_target(
         except Exception as err:
             tally.crash(name, value, err)
 
-    one()
+    return one

@@ -195,16 +195,41 @@ def kubeconfig(api: ResizeApi, path: Path) -> Path:
     return path
 
 
+RestoreAfterACrash = Callable[[ResizeApi, bool], tuple[int, str, str]]
+"""Exit status, what restore printed, what it said as errors."""
+
+
 @pytest.fixture
-def restore_here(cgroups: CgroupV1, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
-    """`kuscale restore` on the fixture tree, its kubeconfig's settings kept to this test."""
+def record(tmp_path: Path) -> OriginalsRecord:
+    return OriginalsRecord(tmp_path / "record")
+
+
+@pytest.fixture
+def restore(
+    cgroups: CgroupV1,
+    tmp_path: Path,
+    record: OriginalsRecord,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> RestoreAfterACrash:
+    """`kuscale restore` of `record` on the fixture tree, with a kubeconfig for the fake API
+    server or none; the kubeconfig's settings are kept to the test."""
     monkeypatch.setattr("kuscale.backends.cgroup.detect", lambda: cgroups)
     monkeypatch.setattr(client.Configuration, "_default", None)
-    return main
+
+    def run(api: ResizeApi, credentials: bool) -> tuple[int, str, str]:
+        where = ["--kubeconfig", str(kubeconfig(api, tmp_path / "kubeconfig"))]
+        code = main(["restore", "--record-dir", str(record.directory), *where[: 2 * credentials]])
+        printed = capsys.readouterr()
+        return code, printed.out, printed.err
+
+    return run
 
 
-def crashed_after_a_resize(api: ResizeApi, cgroups: CgroupV1, record: OriginalsRecord) -> None:
+@pytest.fixture
+def crashed(cgroups: CgroupV1, record: OriginalsRecord) -> Iterator[ResizeApi]:
     """An agent resized the pod through the API server, then died without giving it back."""
+    api = ResizeApi(trainer())
     monitor = Monitor(
         cgroups, None, AgentConfig(), actuator=ResizeActuator(api.core), originals=record
     )
@@ -215,70 +240,36 @@ def crashed_after_a_resize(api: ResizeApi, cgroups: CgroupV1, record: OriginalsR
     assert api.limits() == {"app": "100m", "proxy": "50m"}
     (entry,) = record.entries()
     assert entry.actuator == "resize"
+    yield api
+    api.server.shutdown()
 
 
 def test_restore_gives_the_declared_limits_back_through_the_api_server(
-    cgroups: CgroupV1,
-    tmp_path: Path,
-    restore_here: Callable[[list[str]], int],
-    capsys: pytest.CaptureFixture[str],
+    crashed: ResizeApi, record: OriginalsRecord, restore: RestoreAfterACrash
 ) -> None:
-    api = ResizeApi(trainer())
-    record = OriginalsRecord(tmp_path / "record")
-    crashed_after_a_resize(api, cgroups, record)
-    config = kubeconfig(api, tmp_path / "kubeconfig")
-    assert (
-        restore_here(
-            ["restore", "--record-dir", str(record.directory), "--kubeconfig", str(config)]
-        )
-        == 0
-    )
-    assert api.limits() == {"app": "1000m", "proxy": "250m"}
+    assert restore(crashed, True)[:2] == (0, f"ml/trainer: given back (cgroup {CGROUP})\n")
+    assert crashed.limits() == {"app": "1000m", "proxy": "250m"}
     assert list(record.entries()) == []
-    assert "ml/trainer: given back" in capsys.readouterr().out
-    api.server.shutdown()
 
 
 @pytest.mark.parametrize("meanwhile", ["deleted", "replaced"])
 def test_restore_drops_a_pod_gone_meanwhile_and_touches_no_namesake(
-    cgroups: CgroupV1,
-    tmp_path: Path,
-    restore_here: Callable[[list[str]], int],
-    capsys: pytest.CaptureFixture[str],
-    meanwhile: str,
+    crashed: ResizeApi, record: OriginalsRecord, restore: RestoreAfterACrash, meanwhile: str
 ) -> None:
-    api = ResizeApi(trainer())
-    record = OriginalsRecord(tmp_path / "record")
-    crashed_after_a_resize(api, cgroups, record)
-    api.patches.clear()
+    crashed.patches.clear()
     if meanwhile == "deleted":
-        api.pod = {**api.pod, "metadata": {"name": "elsewhere", "namespace": "ml", "uid": UID}}
-        api.pod_path = "/api/v1/namespaces/ml/pods/elsewhere"
+        crashed.pod_path = "/api/v1/namespaces/ml/pods/elsewhere"
     else:
-        api.pod = {**trainer(), "metadata": {"name": "trainer", "namespace": "ml", "uid": "new"}}
-    config = kubeconfig(api, tmp_path / "kubeconfig")
-    assert (
-        restore_here(
-            ["restore", "--record-dir", str(record.directory), "--kubeconfig", str(config)]
-        )
-        == 0
-    )
-    assert api.patches == []
+        crashed.pod = {**trainer(), "metadata": {"name": "trainer", "namespace": "ml", "uid": "x"}}
+    gone = "ml/trainer: gone meanwhile, dropped from the record\n"
+    assert restore(crashed, True)[:2] == (0, gone)
+    assert crashed.patches == []
     assert list(record.entries()) == []
-    assert "ml/trainer: gone meanwhile, dropped from the record" in capsys.readouterr().out
-    api.server.shutdown()
 
 
 def test_restore_without_credentials_keeps_the_entry_and_says_why(
-    cgroups: CgroupV1,
-    tmp_path: Path,
-    restore_here: Callable[[list[str]], int],
-    capsys: pytest.CaptureFixture[str],
+    crashed: ResizeApi, record: OriginalsRecord, restore: RestoreAfterACrash
 ) -> None:
-    api = ResizeApi(trainer())
-    record = OriginalsRecord(tmp_path / "record")
-    crashed_after_a_resize(api, cgroups, record)
-    api.server.shutdown()
-    assert restore_here(["restore", "--record-dir", str(record.directory)]) == 1
-    assert "resized through the API server" in capsys.readouterr().err
+    code, _, errors = restore(crashed, False)
+    assert code == 1 and "resized through the API server" in errors
     assert len(list(record.entries())) == 1
