@@ -130,7 +130,12 @@ class LocalNode:
         )
 
     def launch(
-        self, name: str, tokens: int, command: list[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        tokens: int,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        gpu: bool = False,
     ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
@@ -144,6 +149,7 @@ class LocalNode:
                 name,
                 "--cgroup-parent",
                 self.parent,
+                *(["--gpu"] if gpu else []),
                 "--",
                 *command,
             ],

@@ -20,12 +20,15 @@ from conftest import BUSY, KUSCALE, LocalNode, stretched, wait_for
 from v2guest import FAULTS_ENV, in_guest
 
 from kuscale import faults
+from kuscale.backends.vgpu import GPU_LIMIT, MAX_PER_MILLE
 from kuscale.cli import main
 from kuscale.local.statedir import StateDir
 from kuscale.model import Held, Original
 from kuscale.originals import OriginalsRecord
 
 ENDINGS = ("term", "kill-restart", "kill-restore")
+AGENT = ("--metrics-address", "", "--gpus", "1")
+"""The agent holds the workload's vGPU share too (a layer of files, as the original's module)."""
 EXIT = 30.0
 """Seconds a process that stops itself at its point has to do so (stretched in the guest)."""
 
@@ -70,7 +73,7 @@ def restore(node: LocalNode, env: dict[str, str] | None = None) -> subprocess.Co
 
 
 def restart_and_stop(node: LocalNode, workload: str | None) -> None:
-    node.start_agent("--metrics-address", "")
+    node.start_agent(*AGENT)
     wait_for(lambda: adopted(node, workload) if workload else status_by(node), timeout=30)
     clean_stop(node)
 
@@ -97,7 +100,7 @@ def left_by_an_earlier_launch(node: LocalNode) -> str:
 
 @contextmanager
 def busy_workload(node: LocalNode) -> Iterator[subprocess.Popen[bytes]]:
-    workload = node.launch("busy", 30, BUSY)
+    workload = node.launch("busy", 60, BUSY, gpu=True)
     try:
         cgroup = f"{node.parent}/busy"
         wait_for(lambda: node.cgroups.exists(cgroup) and not node.cgroups.is_empty(cgroup), 15)
@@ -118,9 +121,9 @@ def follow(node: LocalNode, ending: str, workload: str | None) -> None:
 
 
 def fault_in_launch(node: LocalNode, point: str, ending: str, fault: dict[str, str]) -> None:
-    node.start_agent("--metrics-address", "")
+    node.start_agent(*AGENT)
     wait_for(lambda: status_by(node), timeout=30)
-    launcher = node.launch("busy", 30, BUSY, env=fault)
+    launcher = node.launch("busy", 60, BUSY, env=fault, gpu=True)
     try:
         code = launcher.wait(timeout=stretched(EXIT))
     finally:
@@ -136,7 +139,7 @@ def fault_in_launch(node: LocalNode, point: str, ending: str, fault: dict[str, s
 def fault_in_agent(
     node: LocalNode, point: str, ending: str, fault: dict[str, str], action: str
 ) -> None:
-    node.start_agent("--metrics-address", "", env=fault)
+    node.start_agent(*AGENT, env=fault)
     if point.startswith("stop."):
         wait_for(lambda: adopted(node, "busy"), timeout=30)
         assert node.agent is not None
@@ -147,7 +150,7 @@ def fault_in_agent(
 
 
 def fault_in_restore(node: LocalNode, ending: str, fault: dict[str, str]) -> None:
-    node.start_agent("--metrics-address", "")
+    node.start_agent(*AGENT)
     wait_for(lambda: adopted(node, "busy"), timeout=30)
     kill(node)
     faulted = restore(node, env=fault)
@@ -174,6 +177,9 @@ def nothing_left(
         if node.cgroups.exists(cgroup):
             found = (node.cgroups.read_limit(cgroup), node.cgroups.read_shares(cgroup))
             assert found == (None, fresh), f"{cgroup}: quota and shares {found}, not {fresh}"
+    gpu_limit = StateDir(node.state).vgpu / "busy" / GPU_LIMIT
+    if gpu_limit.exists():
+        assert int(gpu_limit.read_text()) == MAX_PER_MILLE, "the vGPU keeps a share kuscale set"
     assert all(w.poll() is None for w in workloads), "a workload died"
     assert list(OriginalsRecord(node.state / "originals").entries()) == []
     capsys.readouterr()

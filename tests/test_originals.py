@@ -11,6 +11,7 @@ from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.backends.vgpu import VgpuLayer
 from kuscale.cli import main
 from kuscale.config import AgentConfig
 from kuscale.model import ContainerLimit, Held, Original, PodSpec, PodStatus, Resource
@@ -249,3 +250,24 @@ def test_a_stop_keeps_the_entry_of_a_pod_it_could_not_give_back(tmp_path: Path) 
     cgroups.refusing = True
     monitor.restore()
     assert record.get(SPEC.key) is not None
+
+
+def test_a_gpu_share_launch_did_not_record_survives_a_crash(tmp_path: Path) -> None:
+    """Launch records a fresh cgroup, not the vGPU: the first agent records the share before
+    it changes it, so the agent after a crash gives back that, not the dead agent's."""
+    cgroups = v1_pod(tmp_path / "tree")
+    vgpus = VgpuLayer(tmp_path / "vgpu", 1)
+    vgpus.create("web")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(LAUNCHED)
+    spec = PodSpec(name="web", tokens=60, cgroup="pods/web", uid=SPEC.uid, vgpu_id="web")
+    first = Monitor(cgroups, vgpus, CONFIG, originals=record)
+    first.submit(PodAdded(spec))
+    first.tick(0.0)
+    assert vgpus.read_limit("web") == pytest.approx(10.0)
+    second = Monitor(cgroups, VgpuLayer(tmp_path / "vgpu", 1), CONFIG, originals=record)
+    second.submit(PodAdded(spec))
+    second.tick(10.0)
+    second.restore()
+    assert vgpus.read_limit("web") is None
+    assert record.get(SPEC.key) is None

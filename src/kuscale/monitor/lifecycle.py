@@ -235,21 +235,26 @@ class Lifecycle:
         faults.reached("adopt.inspected")
         if self.originals is None:
             return current
+        original = current
         recorded = self.originals.get(spec.key)
         if recorded is not None and (recorded.cgroup, recorded.uid) == (spec.cgroup, spec.uid):
-            return self._adopt_recorded(spec, recorded, current)
+            original = self._adopt_recorded(spec, recorded, current)
+            if original == recorded:
+                return original
         try:
-            self.originals.save(current)
+            self.originals.save(original)
         except RecordError as err:
             self.stats.errors["record"] += 1
             raise Unmanageable(
                 f"its originals cannot be recorded, so nothing is changed: {err}"
             ) from err
-        return current
+        return original
 
     def _adopt_recorded(self, spec: PodSpec, recorded: Original, current: Original) -> Original:
         """The originals an earlier agent (or `kuscale launch`) recorded win over what the pod
-        has now, which that agent may have changed."""
+        has now, which that agent may have changed. What the entry lacks (launch records no
+        GPU share) is taken from now and recorded before any change: the next agent after a
+        crash would otherwise take this agent's share for the original."""
         if recorded.launched:
             pod_event(
                 spec,
