@@ -271,3 +271,15 @@ def test_a_gpu_share_launch_did_not_record_survives_a_crash(tmp_path: Path) -> N
     second.restore()
     assert vgpus.read_limit("web") is None
     assert record.get(SPEC.key) is None
+
+
+def test_a_stop_sweeps_the_record_even_where_the_launch_lock_cannot_be_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record")
+    record.save(LAUNCHED)
+    (tmp_path / "record" / "launch.lock").mkdir()
+    Monitor(cgroups, None, CONFIG, originals=record).restore()
+    assert cgroups.read_limit("pods/web") is None
+    assert "going on without" in caplog.text

@@ -85,9 +85,16 @@ class OriginalsRecord:
     def launching(self) -> Iterator[None]:
         """Held by `kuscale launch` from recording a new cgroup's originals to writing its
         first quota, and by a stop or `kuscale restore` while it gives the record back: a
-        give-back never falls between the two and leaves the launch's quota behind."""
-        self.ensure()
-        fd = os.open(self.directory / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        give-back never falls between the two and leaves the launch's quota behind. A lock
+        that cannot be made is logged and gone without: a stop still gives back."""
+        path = self.directory / "launch.lock"
+        try:
+            self.ensure()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            log.warning("going on without %s: %s", path, err)
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
