@@ -56,7 +56,7 @@ def fuzz_target(name: str, runs: int) -> Counts:
             print(line, end="", flush=True)
         tail.append(line)
     worker.wait()
-    if result is None or (worker.returncode != 0 and not result["crashes"]):
+    if result is None or (worker.returncode != 0 and not found(result)):
         last = "".join(tail)
         return {
             "target": name,
@@ -66,6 +66,10 @@ def fuzz_target(name: str, runs: int) -> Counts:
             "examples": [f"{name}: the worker exited {worker.returncode}:\n{last}"],
         }
     return result
+
+
+def found(result: Counts) -> int:
+    return result["crashes"] + result["invalid_writes"]
 
 
 def main() -> int:

@@ -313,9 +313,13 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+        except ValueError as err:
+            raise ConfigError(f"cannot read config {str(path)!r}: {err}") from err
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config {path} is not valid TOML: {err}") from err
     return config_from_mapping(data, str(path) if path else "defaults", overrides)

@@ -296,9 +296,16 @@ class GeminiLayer:
         return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)
 
 
+MIN_SHARE_PERCENT = 0.01
+"""The file holds a fraction to four places: a smaller share would be written as LIMIT 0,
+which stops the client altogether."""
+
+
 def _check_share(limit: float) -> None:
-    if not (math.isfinite(limit) and 0.0 < limit <= 100.0):
-        raise RangeError(f"GPU limit {limit} is outside (0, 100] for Gemini's LIMIT")
+    if not (math.isfinite(limit) and MIN_SHARE_PERCENT <= limit <= 100.0):
+        raise RangeError(
+            f"GPU limit {limit} is outside [{MIN_SHARE_PERCENT}, 100] for Gemini's LIMIT"
+        )
 
 
 def _clients(entries: Sequence[Entry]) -> int:
