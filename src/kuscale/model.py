@@ -36,6 +36,15 @@ SHARES_PER_100_TOKENS = 1024
 """cpu.shares per 100 tokens: the kubelet's 1024 shares per core at the default CPU price."""
 
 
+VGPU_ENV = "KUSCALE_VGPU_ID"
+"""What a GPU workload is told, by `kuscale launch` or the device plugin's Allocate: its
+client on the GPU layer,"""
+GPU_DEVICE_ENV = "KUSCALE_GPU_DEVICE"
+"""the device that client is placed on,"""
+GPU_SOCKET_ENV = "KUSCALE_GPU_SOCKET"
+"""and, in local mode, where the GPU emulator listens."""
+
+
 def is_decimal(text: str) -> bool:
     """Only the ASCII digits 0-9: `str.isdigit` also takes "²" and "①", which `int` refuses,
     and "１", which no kernel file or wire format holds."""

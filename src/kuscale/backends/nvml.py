@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kuscale.backends.base import BackendError
-from kuscale.kubernetes.cgroups import ResolutionError, cgroup_of_process
+from kuscale.backends.procfs import ProcessCgroupError, cgroup_of_process
 
 log = logging.getLogger("kuscale.nvml")
 
@@ -127,7 +127,7 @@ class NvmlUsage:
     def _cgroup(self, pid: int) -> str | None:
         try:
             return cgroup_of_process(pid, self.cgroup_mode, self.proc)
-        except ResolutionError as err:
+        except ProcessCgroupError as err:
             log.debug("NVML sample of pid %d skipped: %s", pid, err)
             return None
 

@@ -19,8 +19,7 @@ from kuscale.backends.gemini import GeminiLayer
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
-from kuscale.gpuemu.client import GPU_DEVICE_ENV, VGPU_ENV
-from kuscale.model import is_decimal
+from kuscale.model import GPU_DEVICE_ENV, VGPU_ENV, is_decimal
 
 TOKEN_PREFIX = "token-"
 HOOK_CLIENT_ENV = "POD_NAME"

@@ -9,11 +9,7 @@ import time
 from pathlib import Path
 
 from kuscale.gpuemu.gemini import GeminiError, GeminiGate
-from kuscale.model import is_decimal
-
-VGPU_ENV = "KUSCALE_VGPU_ID"
-GPU_SOCKET_ENV = "KUSCALE_GPU_SOCKET"
-GPU_DEVICE_ENV = "KUSCALE_GPU_DEVICE"
+from kuscale.model import GPU_DEVICE_ENV, GPU_SOCKET_ENV, VGPU_ENV, is_decimal
 
 
 class GpuClientError(Exception):

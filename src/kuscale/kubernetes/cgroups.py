@@ -27,6 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.backends.procfs import ProcessCgroupError, cgroup_of_process
 
 log = logging.getLogger(__name__)
 
@@ -158,28 +159,12 @@ def resolve(
     return PodCgroups(pod, tuple(containers))
 
 
-def cgroup_of_process(pid: int, mode: str, proc: Path = Path("/proc")) -> str:
-    """The cgroup of a process in the CPU hierarchy (`mode` as the backend names it),
-    relative to its root, from `/proc/<pid>/cgroup` (`ID:controllers:path`; v2: `0::path`)."""
-    try:
-        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
-    except OSError as err:
-        raise ResolutionError(f"cannot read /proc/{pid}/cgroup: {err.strerror}") from None
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        cpu_v1 = mode == "cgroup-v1" and "cpu" in controllers.split(",")
-        if cpu_v1 or (mode == "cgroup-v2" and hierarchy == "0" and not controllers):
-            relative = path.strip().lstrip("/")
-            if not relative or ".." in relative.split("/"):
-                break
-            return relative
-    raise ResolutionError(f"process {pid} has no usable {mode} cpu line in /proc/{pid}/cgroup")
-
-
 def resolve_from_process(tree: CpuBackend, pid: int, proc: Path = Path("/proc")) -> PodCgroups:
     """The fallback: a container process's cgroup is a leaf under its pod's cgroup."""
-    leaf = cgroup_of_process(pid, tree.mode, proc)
+    try:
+        leaf = cgroup_of_process(pid, tree.mode, proc)
+    except ProcessCgroupError as err:
+        raise ResolutionError(str(err)) from None
     pod, _, _ = leaf.rpartition("/")
     if not _POD_LEAF.fullmatch(pod.rpartition("/")[2]):
         raise ResolutionError(f"process {pid} is in {leaf}, not in a pod's container cgroup")

@@ -16,9 +16,8 @@ from kuscale import faults
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import PolicyConfig
-from kuscale.gpuemu.client import GPU_SOCKET_ENV, VGPU_ENV
 from kuscale.local.statedir import StateDir, StateDirError
-from kuscale.model import Held, Original, PodSpec, shares_for_tokens
+from kuscale.model import GPU_SOCKET_ENV, VGPU_ENV, Held, Original, PodSpec, shares_for_tokens
 from kuscale.originals import OriginalsRecord
 
 
