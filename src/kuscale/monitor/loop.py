@@ -31,7 +31,7 @@ from kuscale.monitor.lifecycle import Lifecycle
 from kuscale.monitor.pods import PodState, Registry
 from kuscale.monitor.sampling import Sampler
 from kuscale.monitor.table import PodTable
-from kuscale.monitor.watching import PressureWake, Watch
+from kuscale.monitor.watching import PRESSURE_WINDOW_US, PressureWake, Watch
 from kuscale.originals import OriginalsRecord
 from kuscale.policy import Policy, make_policy
 
@@ -203,13 +203,20 @@ class Monitor:
             self._poll(deadline, clock)
 
     def _sleep_on_pressure(self, deadline: float, clock: Callable[[], float], wake: int) -> None:
-        """The watch looks only when a pod stalled for CPU; events wake the loop through
-        `wake`, and a change of pods that leaves one without a trigger falls back to polling."""
+        """The watch looks when a pod stalled for CPU, then every `watch_interval` for one
+        PSI window, since the throttle count may rise only after the kernel told of the
+        stall and the trigger fires at most once a window. Events wake the loop through
+        `wake`; a change of pods that leaves one without a trigger falls back to polling."""
+        interval = self.config.watch_interval
+        looking_until, next_look = -math.inf, math.inf
         while not self._stopping:
             now = clock()
             if now >= deadline:
                 return
-            stalled, woken = self.pressure.wait(wake, deadline - now)
+            if now >= next_look:
+                self.watch(now)
+                next_look = now + interval if now + interval < looking_until else math.inf
+            stalled, woken = self.pressure.wait(wake, min(deadline, next_look) - now)
             if woken:
                 os.eventfd_read(wake)
                 self._drain(clock())
@@ -217,7 +224,9 @@ class Monitor:
                     self._poll(deadline, clock)
                     return
             if stalled:
-                self.watch(clock())
+                now = clock()
+                self.watch(now)
+                looking_until, next_look = now + PRESSURE_WINDOW_US / 1e6, now + interval
 
     def _poll(self, deadline: float, clock: Callable[[], float]) -> None:
         """Handle events as they come, running the watch every `watch_interval`."""
