@@ -9,12 +9,14 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import wait_for
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kuscale.backends.base import BackendError, RangeError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
@@ -23,6 +25,7 @@ from kuscale.backends.gemini import (
     GeminiLayer,
     parse_config,
     render_config,
+    token_requests,
     validate_client_name,
 )
 from kuscale.backends.layers import gpu_backend
@@ -64,7 +67,7 @@ def test_a_commit_rewrites_only_its_clients_limit_in_place(tmp_path: Path) -> No
     directory = config_dir(tmp_path, devices=2)
     path = directory / "0"
     inode = path.stat().st_ino
-    layer = GeminiLayer(directory, ["0", "1"], None, request=10.0)
+    layer = GeminiLayer(directory, ["0", "1"], None, request="minimum", minimum=10.0)
     assert layer.devices() == (100.0, 100.0)
     assert layer.device_of("web") == 0
     assert layer.read_limit("web") == pytest.approx(50.0)
@@ -81,6 +84,70 @@ def test_a_commit_rewrites_only_its_clients_limit_in_place(tmp_path: Path) -> No
     layer.commit()
     assert path.read_text() == "2\nsome garbage line\nother 0 1 2048\n"
     assert not layer.exists("web")
+
+
+def test_requests_share_each_device_by_tokens_beside_what_others_reserve(
+    tmp_path: Path,
+) -> None:
+    """REQUEST is each weighted client's token share of what unmanaged clients leave, never
+    above its LIMIT; a weight that goes or a client that leaves reshares the device."""
+    directory = config_dir(tmp_path, "2\nweb 0 0.9 1000\nother 0.1 1 2048\n", devices=2)
+    layer = GeminiLayer(directory, ["0", "1"], None)
+    assert layer.weighted
+    layer.place("batch", 1000, device=0, limit=30.0)
+    layer.place("alone", 1000, device=1)
+    for client, tokens in (("web", 200.0), ("batch", 100.0), ("alone", 50.0)):
+        layer.weigh(client, tokens)
+    layer.commit()
+    assert parse_config((directory / "0").read_text()) == [
+        ClientLine("web", 0.6, 0.9, 1000),
+        ClientLine("other", 0.1, 1.0, 2048),
+        ClientLine("batch", 0.3, 0.3, 1000),
+    ]
+    assert (directory / "1").read_text() == "1\nalone 1 1 1000\n"
+    layer.write_limit("batch", 20.0)
+    layer.commit()
+    assert "batch 0.2 0.2 1000" in (directory / "0").read_text(), "REQUEST never above LIMIT"
+    layer.weigh("batch", 0.0)
+    layer.commit()
+    assert "web 0.7 0.9 1000" in (directory / "0").read_text(), "batch's REQUEST is reserved"
+    layer.weigh("batch", 100.0)
+    layer.remove("web")
+    layer.commit()
+    assert (directory / "0").read_text() == "2\nother 0.1 1 2048\nbatch 0.2 0.2 1000\n"
+
+
+def test_layers_that_keep_or_set_the_minimum_ignore_weights(tmp_path: Path) -> None:
+    directory = config_dir(tmp_path)
+    for rule in ("keep", "minimum"):
+        layer = GeminiLayer(directory, ["0"], None, request=rule, minimum=10.0)
+        assert not layer.weighted
+        layer.weigh("web", 500.0)
+        layer.commit()
+        assert (directory / "0").read_text() == CONFIG
+    with pytest.raises(BackendError, match="REQUEST rule"):
+        GeminiLayer(directory, ["0"], None, request="all")
+
+
+@given(
+    st.dictionaries(
+        st.text("abc", min_size=1, max_size=3),
+        st.floats(0.0, 1e6, allow_nan=False),
+        max_size=6,
+    ),
+    st.floats(-1.0, 2.0, allow_nan=False),
+)
+def test_token_requests_never_promise_more_than_the_device_has(
+    weights: dict[str, float], reserved: float
+) -> None:
+    requests = token_requests(weights, reserved)
+    assert all(0.0 <= r <= 1.0 for r in requests.values())
+    assert sum(requests.values()) <= min(max(1.0 - reserved, 0.0), 1.0) + 1e-9
+    heavy = [n for n, w in weights.items() if w > 0]
+    for a in heavy:
+        for b in heavy:
+            if weights[a] >= weights[b]:
+                assert requests[a] >= requests[b]
 
 
 def test_an_unchanged_file_is_not_written(tmp_path: Path) -> None:
@@ -213,13 +280,9 @@ def _start_client(
     return process
 
 
-def _share(read: object, seconds: float) -> float:
+def _share(read: Callable[[], int], seconds: float) -> float:
     """Busy seconds per second of the client over a window, read through `read()`."""
-    assert callable(read)
-    before, started = read(), time.monotonic()
-    wait_for(lambda: time.monotonic() - started >= seconds, timeout=seconds + 5, interval=0.1)
-    after, elapsed = read(), time.monotonic() - started
-    return float((after - before) / 1e9 / elapsed)
+    return _shares(lambda: {"client": read()}, seconds)["client"]
 
 
 def _sampled(usage: NvmlUsage) -> bool:
@@ -305,6 +368,62 @@ def test_real_gemini_holds_a_client_to_the_share_kuscale_writes(
             client.wait()
         runtime.stop()
     assert runtime.processes and all(p.poll() is not None for p in runtime.processes)
+
+
+def test_real_gemini_shares_a_gpu_by_the_tokens_kuscale_writes(
+    gemini_bin: Path,
+    emulated_gpu: EmulatedGpu,
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+    record_property: Callable[[str, object], None],
+) -> None:
+    """REQUEST from tokens makes gem-schd the GPU's cpu.shares: two busy clients whose
+    tokens are 2:1, each with a LIMIT of 90 %, receive about 2:1; when one stops, the other
+    receives the device up to its LIMIT."""
+    cgroups, parent = real_cgroups
+    runtime = GeminiRuntime(gemini_bin, emulated_gpu.state / "gemini" / "config", devices=1)
+    runtime.start()
+    tokens = {"big": 200.0, "small": 100.0}
+    clients: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name in tokens:
+            port = runtime.add_client(name, device=0, limit=100.0)
+            clients[name] = _start_client(emulated_gpu, name, 0, cgroups, f"{parent}/{name}", port)
+        usage = NvmlUsage(EmulatedNvml(emulated_gpu.socket), cgroups.mode)
+        layer = GeminiLayer(runtime.config_dir, runtime.files(), usage)
+        for name, pod_tokens in tokens.items():
+            layer.track(name, f"{parent}/{name}")
+            layer.weigh(name, pod_tokens)
+            layer.write_limit(name, 90.0)
+        layer.commit()
+        assert "big 0.6666 0.9" in (runtime.config_dir / "0").read_text()
+
+        def busy() -> dict[str, int]:
+            layer.commit()
+            return {name: layer.read(name) for name in tokens}
+
+        wait_for(lambda: all(busy().values()), timeout=30)
+        _shares(busy, 2.0)  # Gemini's window is one second: let it pass
+        both = _shares(busy, 6.0)
+        clients.pop("small").kill()
+        _shares(busy, 2.0)
+        alone = _shares(busy, 4.0)["big"]
+        record_property("measured", f"gem-schd 2:1 tokens: {both}, alone {alone:.2f}")
+        assert both["big"] / both["small"] == pytest.approx(2.0, rel=0.3), both
+        assert alone == pytest.approx(0.9, abs=0.15), alone
+        assert alone > both["big"] + 0.1, "what the stopped client leaves goes to the other"
+    finally:
+        for client in clients.values():
+            client.kill()
+            client.wait()
+        runtime.stop()
+
+
+def _shares(read: Callable[[], dict[str, int]], seconds: float) -> dict[str, float]:
+    """Busy seconds per second of each client over a window."""
+    before, started = read(), time.monotonic()
+    wait_for(lambda: time.monotonic() - started >= seconds, timeout=seconds + 5, interval=0.1)
+    after, elapsed = read(), time.monotonic() - started
+    return {name: (after[name] - before[name]) / 1e9 / elapsed for name in before}
 
 
 def test_a_share_changes_in_whole_points_and_rises_only_by_a_step(tmp_path: Path) -> None:

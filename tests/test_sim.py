@@ -12,6 +12,7 @@ import pytest
 from kuscale.cli import main
 from kuscale.sim.located import ScenarioError
 from kuscale.sim.metrics import evaluate, reaction_seconds
+from kuscale.sim.node import SimGpu, SimNode, SimPod
 from kuscale.sim.run import simulate
 from kuscale.sim.scenario import (
     Scenario,
@@ -20,6 +21,7 @@ from kuscale.sim.scenario import (
     shipped_names,
     shipped_path,
 )
+from kuscale.workload import Schedule
 
 BASE = """\
 node: {cores: 2, gpus: 1}
@@ -265,3 +267,51 @@ def test_gpu_pods_without_a_device_are_spread_by_their_order() -> None:
     assert [p.device for p in spread.pods] == [0, 1, 0]
     with pytest.raises(ScenarioError, match="device 2 is not one of the node's 2 GPUs"):
         scenario(pod.replace("value: 30}", "value: 30, device: 2}"), base)
+
+
+def test_a_gemini_device_serves_requests_first_then_shares_the_rest_up_to_limits() -> None:
+    """Two busy clients with REQUESTs 2:1 get the device 2:1; one idle leaves the other all
+    of it up to its LIMIT: work-conserving, as gem-schd is over its window."""
+    node = SimNode(cores=2, gpus=1, gemini=True)
+    busy = Schedule.parse("0:100")
+    for name in ("big", "small"):
+        node.add(name, SimPod(cpu=Schedule.parse("0:10"), gpu=busy))
+    gpu = SimGpu(node)
+    assert gpu.weighted
+    gpu.weigh("big", 200.0)
+    gpu.weigh("small", 100.0)
+    for name in ("big", "small"):
+        gpu.write_limit(name, 90.0)
+    gpu.commit()
+    node.advance(1.0)
+    assert node.granted[:, 1] == pytest.approx([200 / 3, 100 / 3], abs=0.01)
+    node.limit[node.row("big"), 1] = 50.0
+    node.advance(1.0)
+    assert node.granted[:, 1] == pytest.approx([50.0, 50.0])
+    gpu.remove("big")
+    node.remove("big")
+    gpu.commit()
+    node.advance(1.0)
+    assert node.granted[node.row("small"), 1] == pytest.approx(90.0)
+
+
+def test_with_gemini_the_policy_leaves_the_device_to_its_weights() -> None:
+    """Limits carry budgets and may add up past the device; tokens decide under contention
+    and an idle pod's share goes to the busy one."""
+    base = BASE.replace("duration: 60", "duration: 120\nconfig:\n  gpu_layer: {kind: gemini}")
+    pod = (
+        "    cpu: {shape: constant, value: 10}\n"
+        "    gpu: {shape: square, low: %s, high: 90, period: 120, duty: 0.5}\n"
+    )
+    weighted = scenario(
+        pod % 90 + "  - name: small\n    tokens: 200\n" + pod % 0,
+        base.replace("tokens: 100", "tokens: 400"),
+    )
+    trace = simulate(weighted, "kuscale")
+    busy, alone = slice(20, 60), slice(80, 120)
+    usage, limit = trace.usage[:, :, 1], trace.limit[:, :, 1]
+    assert usage[busy, 0].mean() / usage[busy, 1].mean() == pytest.approx(2.0, rel=0.15)
+    assert usage[busy].sum(axis=1).mean() > 97.0
+    assert limit[busy].sum(axis=1).mean() > 110.0, "limits carry budgets, not the device"
+    assert usage[alone, 0].mean() > 85.0
+    assert evaluate(trace)["budget_overspend_fraction"] == 0.0

@@ -136,7 +136,7 @@ class PolicyConfig:
 
 POLICY_NAMES = ("kuscale", "kuscale-2022", "static", "vpa", "autothrottle")
 GPU_LAYERS = ("none", "vgpu", "gemini", "hami")
-GEMINI_REQUESTS = ("minimum", "keep")
+GEMINI_REQUESTS = ("tokens", "minimum", "keep")
 GPU_USAGE_SOURCES = ("nvml", "emulator")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_.:@+-]+")
@@ -153,9 +153,11 @@ class GpuLayerConfig:
 
     With `gemini`, kuscale rewrites Gemini's per-GPU resource files in `gemini_dir` (one
     per GPU, named by `gemini_files`: KubeShare names them by GPU UUID; default `0`, `1`,
-    ...), writing REQUEST as the pod's GPU minimum (`gemini_request = "minimum"`) or
-    leaving it (`"keep"`), and reads use from NVML (`usage = "nvml"`, the `nvml` extra) or
-    from the local GPU emulator (`"emulator"`).
+    ...), writing REQUEST as the pod's token-weighted share of its GPU (`gemini_request =
+    "tokens"`, the default: gem-schd then shares each GPU by tokens, as the kernel shares
+    the CPU by cpu.shares, and limits carry budgets alone), as the pod's GPU minimum
+    (`"minimum"`) or leaving it (`"keep"`), and reads use from NVML (`usage = "nvml"`,
+    the `nvml` extra) or from the local GPU emulator (`"emulator"`).
 
     With `hami`, each pod's GPU use is read from HAMi-core's per-container regions under
     `hami_root` and charged at the share HAMi fixed; nothing is written.
@@ -172,7 +174,7 @@ class GpuLayerConfig:
     """More environment for every container given tokens."""
     gemini_dir: str = "/kubeshare/scheduler/config"
     gemini_files: list[str] = field(default_factory=list)
-    gemini_request: str = "minimum"
+    gemini_request: str = "tokens"
     gemini_memory: int = 4 << 30
     """GPU_MEM, bytes, for a client the device plugin places (Gemini needs a restart to
     change it, so kuscale never does)."""

@@ -390,7 +390,9 @@ def _gemini_layer(
 ) -> GeminiLayer:
     usage = NvmlUsage(EmulatedNvml(state.gpu_socket), cgroups.mode)
     minimum = float(config.policy_config.minimums()[Resource.GPU])
-    return GeminiLayer(gemini.config_dir, gemini.files(), usage, request=minimum)
+    return GeminiLayer(
+        gemini.config_dir, gemini.files(), usage, config.gpu_layer.gemini_request, minimum
+    )
 
 
 def run_simulated(config: AgentConfig, duration: float) -> Recorder:

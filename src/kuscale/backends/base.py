@@ -90,6 +90,10 @@ class GpuBackend(Protocol):
     """GPU busy time and time-share limits of vGPU clients named by id."""
 
     mode: str
+    weighted: bool
+    """True where the layer shares each device among its clients by the weights `weigh`
+    gives, serving any client below its limit (Gemini with REQUEST from tokens): the GPU's
+    kernel weights. Limits then carry budgets alone and may add up to more than a device."""
 
     def capacity(self) -> float:
         """Percent of one GPU the node can give pods: GPUs × 100."""
@@ -106,6 +110,11 @@ class GpuBackend(Protocol):
 
     def track(self, vgpu_id: str, cgroup: str) -> None:
         """The cgroup whose processes are the client, for layers that measure use by process."""
+        ...
+
+    def weigh(self, vgpu_id: str, tokens: float) -> None:
+        """The client's weight on its device: its pod's tokens (ignored where not
+        `weighted`)."""
         ...
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:

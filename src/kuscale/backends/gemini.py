@@ -16,20 +16,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from kuscale.backends.base import BackendError, RangeError
 from kuscale.backends.files import confine
+from kuscale.config import GEMINI_REQUESTS
 from kuscale.model import is_decimal
 
 log = logging.getLogger("kuscale.gemini")
 
 MAX_CLIENT_NAME = 62
 """Gemini's IDs are ASCII names under 63 characters (its README)."""
-KEEP_REQUEST = -1.0
 DEFAULT_STEP = 5.0
 """Points a share must rise by before Gemini's file is rewritten for it."""
 
@@ -129,8 +129,11 @@ class GeminiLayer:
 
     `files[d]` names device d's file (a GPU UUID under KubeShare). A client's device is the
     file that lists it: whoever placed the client on a GPU (KubeShare, kuscale's device
-    plugin, the demo) wrote its line; kuscale only changes it. `request` is the share, in
-    percent, written as REQUEST (KEEP_REQUEST leaves what the file had), never above LIMIT.
+    plugin, the demo) wrote its line; kuscale only changes it. `request` is one of
+    GEMINI_REQUESTS: with "tokens" the layer is `weighted`, each managed client's REQUEST its
+    pod's token-weighted share of what the device's other clients do not reserve, so
+    gem-schd serves clients below their share first and shares the rest up to each LIMIT;
+    with "minimum" REQUEST is `minimum` percent. REQUEST is never above LIMIT.
     """
 
     mode = "gemini"
@@ -140,19 +143,26 @@ class GeminiLayer:
         config_dir: Path,
         files: Sequence[str],
         usage: GpuUsage | None,
-        request: float = KEEP_REQUEST,
+        request: str = "tokens",
+        minimum: float = 0.0,
         step: float = DEFAULT_STEP,
     ) -> None:
         if not files:
             raise BackendError("Gemini needs at least one GPU configuration file")
+        if request not in GEMINI_REQUESTS:
+            raise BackendError(f"Gemini's REQUEST rule {request!r} is not one of {GEMINI_REQUESTS}")
         self.paths = [confine(config_dir, name) for name in files]
         self.usage = usage
         self.request = request
+        self.minimum = minimum
         self.step = step
+        self.weighted = request == "tokens"
         self._cgroups: dict[str, str] = {}
         self._devices: dict[str, int] = {}
+        self._weights: dict[str, float] = {}
         self._staged: dict[str, float | None] = {}
         self._removed: set[str] = set()
+        self._reweighed = False
         self._polled = False
 
     def capacity(self) -> float:
@@ -195,6 +205,18 @@ class GeminiLayer:
         self._cgroups[vgpu_id] = cgroup
         self._devices[vgpu_id] = self.device_of(vgpu_id)
 
+    def weigh(self, vgpu_id: str, tokens: float) -> None:
+        """The client's tokens, from which the next commit writes every REQUEST on its
+        device (none, or 0: kuscale no longer weighs it); ignored unless REQUEST comes from
+        tokens."""
+        validate_client_name(vgpu_id)
+        if not self.weighted:
+            return
+        before = self._weights.pop(vgpu_id, None)
+        if math.isfinite(tokens) and tokens > 0:
+            self._weights[vgpu_id] = float(tokens)
+        self._reweighed |= self._weights.get(vgpu_id) != before
+
     def read(self, vgpu_id: str) -> int:
         """Busy ns from NVML, polled once per tick (the first read after a commit)."""
         if self.usage is None:
@@ -236,12 +258,13 @@ class GeminiLayer:
         self._staged.pop(vgpu_id, None)
         self._cgroups.pop(vgpu_id, None)
         self._devices.pop(vgpu_id, None)
+        self._reweighed |= self._weights.pop(vgpu_id, None) is not None
         self._removed.add(vgpu_id)
 
     def commit(self) -> None:
         """Rewrite each device's file whose text changed, once."""
         self._polled = False
-        if not self._staged and not self._removed:
+        if not self._staged and not self._removed and not self._reweighed:
             return
         failures = []
         for device, path in enumerate(self.paths):
@@ -251,17 +274,20 @@ class GeminiLayer:
                 failures.append(str(err))
         self._staged.clear()
         self._removed.clear()
+        self._reweighed = False
         if failures:
             raise BackendError("; ".join(failures))
 
     def _commit_device(self, device: int, path: str) -> None:
         entries = self._entries(device)
+        kept = [e for e in entries if not (isinstance(e, ClientLine) and e.name in self._removed)]
+        requests = self._token_requests(kept)
         changed: list[Entry] = []
-        for entry in entries:
-            if isinstance(entry, ClientLine) and entry.name in self._removed:
-                continue
-            if isinstance(entry, ClientLine) and entry.name in self._staged:
-                changed.append(self._updated(entry, self._staged[entry.name]))
+        for entry in kept:
+            if isinstance(entry, ClientLine) and (
+                entry.name in self._staged or entry.name in requests
+            ):
+                changed.append(self._updated(entry, requests.get(entry.name)))
             else:
                 changed.append(entry)
         text = render_config(changed)
@@ -290,10 +316,45 @@ class GeminiLayer:
         rewrite_in_place(self.paths[device], render_config([*listed[device], line]))
         return device
 
-    def _updated(self, entry: ClientLine, limit: float | None) -> ClientLine:
-        fraction = 1.0 if limit is None else limit / 100.0
-        request = entry.request if self.request == KEEP_REQUEST else self.request / 100.0
+    def _token_requests(self, entries: Sequence[Entry]) -> dict[str, float]:
+        """REQUEST of the weighted clients among one device's lines: their share, by
+        tokens, of what the device's other clients do not reserve."""
+        if not self.weighted:
+            return {}
+        clients = [e for e in entries if isinstance(e, ClientLine)]
+        weights = {c.name: self._weights[c.name] for c in clients if c.name in self._weights}
+        reserved = sum(c.request for c in clients if c.name not in weights)
+        return token_requests(weights, reserved)
+
+    def _updated(self, entry: ClientLine, weighted: float | None) -> ClientLine:
+        """The client's line with the LIMIT staged for it (or the one it has) and its
+        REQUEST by the rule (`weighted`: its share by tokens)."""
+        fraction = entry.limit
+        if entry.name in self._staged:
+            limit = self._staged[entry.name]
+            fraction = 1.0 if limit is None else limit / 100.0
+        request = entry.request
+        if weighted is not None:
+            request = weighted
+        elif self.request == "minimum":
+            request = self.minimum / 100.0
         return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)
+
+
+REQUEST_PLACES = 4
+"""Gemini's file holds fractions to four places (see `_fraction`)."""
+
+
+def token_requests(weights: Mapping[str, float], reserved: float) -> dict[str, float]:
+    """Each client's share of one device by weight, of 1 less what others `reserved`:
+    rounded down to the file's places, so the REQUESTs on a device never add up to more than
+    1 and gem-schd can honour every one of them."""
+    total = sum(weights.values())
+    room = min(max(1.0 - reserved, 0.0), 1.0)
+    if total <= 0:
+        return {}
+    scale = 10.0**REQUEST_PLACES
+    return {name: math.floor(room * w / total * scale) / scale for name, w in weights.items()}
 
 
 MIN_SHARE_PERCENT = 0.01

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kuscale.backends.base import BackendError, GpuBackend
-from kuscale.backends.gemini import KEEP_REQUEST, GeminiLayer
+from kuscale.backends.gemini import GeminiLayer
 from kuscale.backends.hami import HamiLayer
 from kuscale.backends.nvml import NvmlUsage, load_pynvml
 from kuscale.backends.vgpu import VgpuLayer
@@ -35,7 +35,10 @@ def gpu_backend(
         nvml = EmulatedNvml(emulator_socket)
     else:
         nvml = load_pynvml()
-    request = KEEP_REQUEST
-    if layer.gemini_request == "minimum":
-        request = float(config.policy_config.minimums()[Resource.GPU])
-    return GeminiLayer(Path(layer.gemini_dir), layer.files(), NvmlUsage(nvml, cgroup_mode), request)
+    return GeminiLayer(
+        Path(layer.gemini_dir),
+        layer.files(),
+        NvmlUsage(nvml, cgroup_mode),
+        layer.gemini_request,
+        float(config.policy_config.minimums()[Resource.GPU]),
+    )

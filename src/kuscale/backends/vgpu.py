@@ -50,6 +50,7 @@ class PooledGpus:
     itself: one device of them all, no process to follow."""
 
     gpus: int
+    weighted = False
 
     def capacity(self) -> float:
         return 100.0 * self.gpus
@@ -62,6 +63,9 @@ class PooledGpus:
 
     def track(self, vgpu_id: str, cgroup: str) -> None:
         """Nothing to follow: the layer counts use per client."""
+
+    def weigh(self, vgpu_id: str, tokens: float) -> None:
+        """The layer shares by limits alone."""
 
 
 class VgpuLayer(PooledGpus):

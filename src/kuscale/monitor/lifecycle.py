@@ -162,6 +162,8 @@ class Lifecycle:
         if self.gpu is not None and spec.vgpu_id is not None:
             c.device[row] = self.gpu.device_of(spec.vgpu_id)
             self.gpu.track(spec.vgpu_id, spec.cgroup)
+            if not self.config.monitor_only:
+                self.gpu.weigh(spec.vgpu_id, float(spec.tokens))
             c.gpu_busy_ns[row] = self.gpu.read(spec.vgpu_id)
         counters = self.cpu.read(spec.cgroup)
         c.cpu_usage_ns[row] = counters.usage_ns
@@ -378,6 +380,7 @@ class Lifecycle:
             self._remove_owned(pod)
         else:
             self.cpu.forget(pod.spec.cgroup)
+            self._unweigh(pod)
         if forget:
             self.settle(pod)
         if self.on_completed:
@@ -389,6 +392,14 @@ class Lifecycle:
         for dropped in self.registry.complete(pod.key, status, reason):
             self.table.release(dropped.row)
         self.membership += 1
+
+    def _unweigh(self, pod: PodState) -> None:
+        """A pod kuscale leaves running no longer counts in its device's weights."""
+        if self.gpu is not None and pod.spec.vgpu_id is not None:
+            try:
+                self.gpu.weigh(pod.spec.vgpu_id, 0.0)
+            except BackendError as err:
+                count_error(self.stats, pod.spec, err)
 
     def _remove_owned(self, pod: PodState) -> None:
         try:

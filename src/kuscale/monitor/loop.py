@@ -67,7 +67,11 @@ class Monitor:
         """Each GPU device's capacity: a pod's GPU share lives on one device."""
         reach = np.array([self.capacity[0], self.device_capacity.max(initial=0.0)])
         """The most one pod can hold per resource: the node's CPU, one device's GPU."""
-        weighted = np.array([config.kernel_shares and not config.monitor_only, False])
+        weighted = np.array([config.kernel_shares, gpu is not None and gpu.weighted]) & (
+            not config.monitor_only
+        )
+        """Per resource: shared by weights inside every period (cpu.shares; the GPU's layer
+        where it shares by tokens), so limits need not fit the node."""
         self.actuation = Actuation(
             self.table, cpu, gpu, self.actuator, config, self.stats, ceilings=reach
         )

@@ -4,7 +4,9 @@ Every pod is a row of arrays, so one step of a thousand pods is a handful of num
 operations. Over a step each pod receives min(demand, limit); when those add up to more than
 the node has, the node shares by weight (cpu.shares for the CPU, equal for the GPU) capped at
 what each pod asks, as the kernel's fair scheduler would; each GPU device is shared on its own,
-since a client runs on one device. A pod whose demand exceeds its
+since a client runs on one device. With Gemini as the GPU layer (`gemini=True`) a device
+serves each client first up to its REQUEST, then the least used, up to each LIMIT: over
+gem-schd's window, max-min fair above the REQUESTs. A pod whose demand exceeds its
 quota is throttled in every CFS period of the step.
 
 Demand comes either from per-pod step schedules (the demo and the tests) or, for scenarios,
@@ -20,6 +22,7 @@ import numpy as np
 
 from kuscale.backends.base import CgroupGone
 from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Limits, Positions
+from kuscale.backends.gemini import token_requests
 from kuscale.model import CpuCounters, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 from kuscale.policy.waterfill import water_fill
@@ -47,9 +50,16 @@ class SimPod:
 class SimNode:
     """The node's pods as rows; limits are NaN where unlimited."""
 
-    def __init__(self, cores: int = 2, gpus: int = 1, demand: DemandSource | None = None) -> None:
+    def __init__(
+        self,
+        cores: int = 2,
+        gpus: int = 1,
+        demand: DemandSource | None = None,
+        gemini: bool = False,
+    ) -> None:
         self.cores = cores
         self.gpus = gpus
+        self.gemini = gemini
         self.now = 0.0
         self.capacity = np.array([cores * 100.0, gpus * 100.0])
         self.index: dict[str, int] = {}
@@ -61,6 +71,8 @@ class SimNode:
         self.limit = np.zeros((0, 2))
         self.shares = np.zeros(0)
         self.device = np.zeros(0, dtype=np.int64)
+        self.request = np.zeros(0)
+        """Each client's REQUEST on its device, percent (Gemini only)."""
         self.demand = np.zeros((0, 2))
         self.granted = np.zeros((0, 2))
         self.busy_ns = np.zeros((0, 2))
@@ -91,6 +103,7 @@ class SimNode:
         self.shares = np.concatenate([self.shares, np.full(rows, 1024.0)])
         placed = np.array(devices if devices is not None else [0] * rows, dtype=np.int64)
         self.device = np.concatenate([self.device, placed])
+        self.request = np.concatenate([self.request, np.zeros(rows)])
         for name in ("demand", "granted", "busy_ns"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros((rows, 2))]))
         self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
@@ -126,10 +139,7 @@ class SimNode:
         granted[live, Resource.GPU] = wanted[live, Resource.GPU]
         for device in self._crowded_devices(live, wanted[:, Resource.GPU]):
             on = live & (self.device == device)
-            column = wanted[on, Resource.GPU]
-            if column.sum() > DEVICE_CAPACITY:
-                column = water_fill(DEVICE_CAPACITY, np.ones(column.shape), column)
-            granted[on, Resource.GPU] = column
+            granted[on, Resource.GPU] = self._share_device(wanted[on, Resource.GPU], on)
         self.granted = granted
         self.busy_ns += granted / 100.0 * seconds * NS
         periods = max(1, round(seconds / CFS_PERIOD))
@@ -139,6 +149,18 @@ class SimNode:
         excess = self.demand[over, 0] - self.limit[over, 0]
         self.throttled_ns[over] += excess / 100.0 * seconds * NS
         self.now = until
+
+    def _share_device(self, wanted: FloatArray, on: BoolArray) -> FloatArray:
+        """One crowded device's time among its clients: equal shares capped at what each
+        asks; under Gemini, each client's REQUEST first (never more in all than the
+        device), then equal shares of the rest above it."""
+        if wanted.sum() <= DEVICE_CAPACITY:
+            return wanted
+        equal = np.ones(wanted.shape)
+        floors = None
+        if self.gemini:
+            floors = water_fill(DEVICE_CAPACITY, equal, np.minimum(wanted, self.request[on]))
+        return water_fill(DEVICE_CAPACITY, equal, wanted, floors=floors)
 
     def present_rows(self, rows: IntArray) -> BoolArray:
         """Which rows' cgroups exist now (a row of -1 never does)."""
@@ -279,12 +301,17 @@ class SimCgroups:
 
 
 class SimGpu:
-    """The GPU backend over a simulated node; vGPU ids are pod names."""
+    """The GPU backend over a simulated node; vGPU ids are pod names. Over a Gemini node
+    it writes REQUEST as GeminiLayer does: by tokens (`weighted`), the GPU minimum or 0."""
 
     mode = "simulated"
 
-    def __init__(self, node: SimNode) -> None:
+    def __init__(self, node: SimNode, request: str = "tokens", minimum: float = 0.0) -> None:
         self.node = node
+        self.weighted = node.gemini and request == "tokens"
+        self.minimum = minimum if node.gemini and request == "minimum" else 0.0
+        self._weights: dict[str, float] = {}
+        self._reweighed = False
 
     def capacity(self) -> float:
         return float(self.node.capacity[Resource.GPU])
@@ -297,6 +324,14 @@ class SimGpu:
 
     def track(self, vgpu_id: str, cgroup: str) -> None:
         """A simulated pod's GPU use is its own row's."""
+
+    def weigh(self, vgpu_id: str, tokens: float) -> None:
+        if not self.weighted:
+            return
+        before = self._weights.pop(vgpu_id, None)
+        if np.isfinite(tokens) and tokens > 0:
+            self._weights[vgpu_id] = float(tokens)
+        self._reweighed |= self._weights.get(vgpu_id) != before
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """A simulated GPU holds any share exactly."""
@@ -312,10 +347,24 @@ class SimGpu:
         return _limit(self.node.limit[self.node.row(vgpu_id), 1])
 
     def write_limit(self, vgpu_id: str, limit: float | None) -> None:
-        self.node.limit[self.node.row(vgpu_id), 1] = np.nan if limit is None else limit
+        row = self.node.row(vgpu_id)
+        self.node.limit[row, 1] = np.nan if limit is None else limit
+        if self.minimum:
+            self.node.request[row] = min(self.minimum, 100.0 if limit is None else limit)
 
     def remove(self, vgpu_id: str) -> None:
-        """The pod itself goes with its CPU cgroup."""
+        """The pod itself goes with its CPU cgroup; its weight goes now."""
+        self._reweighed |= self._weights.pop(vgpu_id, None) is not None
 
     def commit(self) -> None:
-        """Simulated limits take effect at once."""
+        """Simulated limits take effect at once; REQUESTs by tokens are remade, device by
+        device, when the weights changed."""
+        if not self._reweighed:
+            return
+        self._reweighed = False
+        node = self.node
+        rows = {name: node.index[name] for name in self._weights if node.present(name)}
+        for device in range(node.gpus):
+            weights = {n: self._weights[n] for n, r in rows.items() if node.device[r] == device}
+            for name, fraction in token_requests(weights, 0.0).items():
+                node.request[rows[name]] = fraction * 100.0

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kuscale.model import PodSpec, PodStatus
+from kuscale.model import PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.policy import Decision, Observation, Policy, make_policy
 from kuscale.policy.base import BoolArray, FloatArray, Starving
@@ -107,10 +107,12 @@ def simulate(
     """Run one policy through a scenario; pass the same `demand` to compare policies."""
     demand = scenario.demand() if demand is None else demand
     ticks, period = scenario.ticks, scenario.period
+    layer = scenario.config.gpu_layer
     node = SimNode(
         scenario.cores,
         scenario.gpus,
         demand=lambda now: demand[min(int(now / period + 1e-9), ticks - 1)],
+        gemini=layer.kind == "gemini",
     )
     pods = scenario.pods
     node.add_rows(
@@ -121,7 +123,9 @@ def simulate(
     )
     config = replace(scenario.config, policy=policy_name)
     policy = TimedPolicy(make_policy(policy_name, config.policy_config))
-    monitor = Monitor(SimCpu(node), SimGpu(node) if scenario.gpus else None, config, policy)
+    minimum = float(config.policy_config.minimums()[Resource.GPU])
+    gpu = SimGpu(node, layer.gemini_request, minimum) if scenario.gpus else None
+    monitor = Monitor(SimCpu(node), gpu, config, policy)
     times = scenario.times()
     trace = Trace(
         scenario=scenario,
