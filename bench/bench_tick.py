@@ -32,6 +32,7 @@ import numpy as np
 
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import AgentConfig, PolicyConfig, ResourceConfig
 from kuscale.model import PodSpec
 from kuscale.monitor import Monitor, PodAdded
@@ -156,23 +157,34 @@ BENCH_CONFIG = AgentConfig(
     period=PERIOD,
     policy_config=PolicyConfig(
         cpu=ResourceConfig(price=1.0, min=1.0, overcommit=5.0),
+        gpu=ResourceConfig(price=3.0, min=1.0),
         burst_factor=0.05,
         burst_seconds=600.0,
     ),
 )
-"""The default rule, with a 1 % CPU minimum (the kernel's 1 ms quota per 100 ms), a node
+"""The default rule, with a 1 % CPU and GPU minimum (the kernel's 1 ms quota per 100 ms), a node
 overcommitted 5x so that 1000 pods fit this 2-core machine's admission, and burst credit
 (as in the shipped scenarios), so that limits follow each pod's swings and get written."""
 
 
 def monitor_for(
-    cgroups: CgroupV1 | CgroupV2, pods: int, prefix: str = "", policy: TimedPolicy | None = None
+    cgroups: CgroupV1 | CgroupV2,
+    pods: int,
+    prefix: str = "",
+    policy: TimedPolicy | None = None,
+    gpu: VgpuLayer | None = None,
 ) -> Monitor:
-    monitor = Monitor(cgroups, None, BENCH_CONFIG, policy=policy)
+    """Every pod admitted and ticked once; with `gpu`, each holds a vGPU of that layer."""
+    monitor = Monitor(cgroups, gpu, BENCH_CONFIG, policy=policy)
     for i in range(pods):
-        monitor.submit(
-            PodAdded(PodSpec(name=f"pod-{i}", tokens=20 + i % 60, cgroup=f"{prefix}pod-{i}"))
+        vgpu_id = None
+        if gpu is not None:
+            vgpu_id = f"pod-{i}"
+            gpu.create(vgpu_id)
+        spec = PodSpec(
+            name=f"pod-{i}", tokens=20 + i % 60, cgroup=f"{prefix}pod-{i}", vgpu_id=vgpu_id
         )
+        monitor.submit(PodAdded(spec))
     monitor.tick(0.0)
     refused = len(monitor.registry.completed)
     if refused:
@@ -236,12 +248,14 @@ def bench_fixture(pods: int, ticks: int) -> FixtureRun:
         shutil.rmtree(root)
 
 
-def bench_watch(pods: int, passes: int) -> list[float]:
+def bench_watch(pods: int, passes: int, gpu: bool = False) -> list[float]:
     """One watch pass between ticks: every pod's cpu.stat read through the descriptors the
-    tick keeps open, nobody throttled (the common case: nothing to raise)."""
+    tick keeps open, nobody throttled (the common case: nothing to raise); with `gpu`, each
+    pod's vGPU busy time as well (a layer without weights), nobody pinned."""
     root = Path(tempfile.mkdtemp(prefix="kuscale-bench-", dir="/dev/shm"))
     try:
-        monitor = monitor_for(make_tree(root, pods), pods)
+        layer = VgpuLayer(root / "vgpu", gpus=max(1, pods // 10)) if gpu else None
+        monitor = monitor_for(make_tree(root / "cpu", pods), pods, gpu=layer)
         monitor.tick(PERIOD)
         durations = []
         for index in range(passes):
@@ -365,6 +379,7 @@ def main() -> None:
     )
     for pods in (110, 1000):
         report("watch pass, fixture tree", pods, bench_watch(pods, args.ticks * 5))
+        report("  with the vGPU layer's busy time", pods, bench_watch(pods, args.ticks * 5, True))
     real = bench_real(10, args.ticks)
     if real is not None:
         report("real cgroup v1/v2", 10, real)

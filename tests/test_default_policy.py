@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from kuscale.config import PolicyConfig, ResourceConfig
-from kuscale.policy.base import FloatArray, Observation
+from kuscale.policy.base import FloatArray, GpuLook, Observation
 from kuscale.policy.default import KuscalePolicy
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.podstage import solve_within, spend_curves
@@ -391,3 +391,58 @@ def test_a_leap_takes_only_the_budget_the_other_resource_does_not_need() -> None
         demand, starved, arr([45.0, 80.0]), PRICES[None, :], np.array([240.0])
     )
     assert kept[0, 1] == pytest.approx(80.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(20.0, 1000.0),
+            st.floats(10.0, 100.0),
+            st.floats(0.0, 100.0),
+            st.booleans(),
+            st.integers(0, 1),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.floats(0.0, 500.0),
+)
+def test_the_gpu_fast_path_keeps_budgets_devices_and_what_others_use(
+    pods: list[tuple[float, float, float, bool, int]], queue: float
+) -> None:
+    """Pinned pods are raised within their budgets; the others only lowered, never below
+    their use or minimum; a device held within its capacity stays within it."""
+    config = PolicyConfig(burst_factor=0.2, burst_seconds=30.0)
+    policy = KuscalePolicy(config)
+    tokens = np.array([p[0] for p in pods])
+    gpu = np.array([min(p[1], p[0] / 3.2) for p in pods])
+    limits = np.stack([np.full(len(pods), 10.0), np.maximum(gpu, 10.0)], axis=1)
+    usage = np.minimum([p[2] for p in pods], limits[:, 1])
+    pinned = np.array([p[3] for p in pods]) & (usage >= 0.95 * limits[:, 1])
+    device = np.array([p[4] for p in pods], dtype=np.int64)
+    look = GpuLook(
+        period=1.0,
+        tokens=tokens,
+        queue=np.full(len(pods), queue),
+        limits=limits,
+        uses=np.ones((len(pods), 2), dtype=bool),
+        usage=usage,
+        spread=np.zeros(len(pods)),
+        pinned=pinned,
+        device=device,
+        device_capacity=np.array([100.0, 100.0]),
+        capacity=np.array([200.0, 100.0]),
+    )
+    shares = policy.raise_pinned_gpu(look)
+    budget = policy.budget(tokens, look.queue, 1.0)
+    assert (shares[pinned] >= limits[pinned, 1] - 1e-9).all()
+    assert (shares[~pinned] <= limits[~pinned, 1] + 1e-9).all()
+    raised = shares > limits[:, 1] + 1e-9
+    assert (10.0 + 3.0 * shares[raised] <= budget[raised] * (1 + 1e-9) + 1e-9).all()
+    floor = np.maximum(usage * (1 + 2 * config.pin_tolerance), 10.0)
+    lowered = shares < limits[:, 1] - 1e-9
+    assert (shares[lowered] >= np.minimum(floor, limits[:, 1])[lowered] - 1e-9).all()
+    for d in (0, 1):
+        before, after = limits[device == d, 1].sum(), shares[device == d].sum()
+        assert after <= max(before, 100.0) + 1e-6

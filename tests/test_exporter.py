@@ -105,6 +105,8 @@ def test_metrics_follow_prometheus_conventions(
     assert info.labels["policy"] == "kuscale"
     ticks = next(s for s in samples if s.name == "kuscale_tick_duration_seconds_count")
     assert ticks.value == 5.0
+    raises = {s.labels["resource"] for s in samples if s.name == "kuscale_fast_raises_total"}
+    assert raises == {"cpu", "gpu"}
 
 
 def test_completed_pods_disappear_from_the_metrics(

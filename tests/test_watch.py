@@ -21,7 +21,7 @@ from kuscale.config import AgentConfig, ConfigError, PolicyConfig, config_from_m
 from kuscale.model import PodSpec, Resource
 from kuscale.monitor import Monitor, PodAdded, Stop
 from kuscale.monitor.watching import PressureWake
-from kuscale.sim.node import SimCpu, SimNode, SimPod
+from kuscale.sim.node import SimCpu, SimGpu, SimNode, SimPod
 from kuscale.sim.run import run_period
 from kuscale.workload import Schedule
 
@@ -284,3 +284,68 @@ def test_pressure_triggers_follow_the_pods_and_fall_back_to_polling(v2_tree: Cgr
 def test_a_v1_node_polls(v1_tree: CgroupV1) -> None:
     wake = PressureWake(v1_tree, enabled=True)
     assert wake.mode == "poll" and not wake.follow(["pods/a"])
+
+
+GPU_CONFIG = replace(CONFIG, policy_config=replace(CREDIT, burst_factor=0.0))
+
+
+def gpu_node() -> tuple[SimNode, Monitor]:
+    """On the original's vGPU layer (no weights): a trainer at 20 % of the GPU that wants
+    90 % from second 5, beside a notebook that holds headroom it does not use."""
+    node = SimNode(cores=2, gpus=1)
+    node.add("trainer", SimPod(cpu=Schedule.parse("0:10"), gpu=Schedule.parse("0:20,5:90")))
+    node.add("notebook", SimPod(cpu=Schedule.parse("0:10"), gpu=Schedule.parse("0:10")))
+    monitor = Monitor(SimCpu(node), SimGpu(node), GPU_CONFIG)
+    for name, tokens in (("trainer", 300), ("notebook", 300)):
+        spec = PodSpec(name=name, tokens=tokens, cgroup=name, vgpu_id=name, owned=True)
+        monitor.submit(PodAdded(spec))
+    return node, monitor
+
+
+def test_a_gpu_pinned_at_its_limit_is_raised_within_one_watch_interval() -> None:
+    """The GPU twin of the CPU fast path, where the layer has no weights: the trainer gets
+    what its budget allows beside the CPU limit it holds this period, part of it taken from
+    the notebook's unused headroom (never below what the notebook uses plus a margin)."""
+    node, monitor = gpu_node()
+    for _ in range(5):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    running = monitor.registry.running
+    trainer = running["local/trainer"].resources[Resource.GPU]
+    notebook = running["local/notebook"].resources[Resource.GPU]
+    held, spare = trainer.limit, notebook.limit
+    cpu_held = running["local/trainer"].resources[Resource.CPU].limit
+    assert held < 90.0 and held + spare > 95.0, "the device is all held before the burst"
+    raises = monitor.stats.gpu_fast_raises
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert monitor.stats.gpu_fast_raises == raises + 1
+    assert trainer.limit == pytest.approx((300 - cpu_held) / 3, rel=1e-3), "all it can pay"
+    assert 11.0 < notebook.limit < spare
+    assert trainer.limit + notebook.limit <= 100.0 + 1e-6
+    assert budget_holds(monitor)
+    assert monitor.snapshot()["gpu_fast_raises"] == raises + 1
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert monitor.stats.gpu_fast_raises == raises + 1, "served now: nothing more to raise"
+
+
+def test_a_gpu_layer_with_weights_is_left_to_them() -> None:
+    node = SimNode(cores=2, gpus=1, gemini=True)
+    monitor = Monitor(SimCpu(node), SimGpu(node), GPU_CONFIG)
+    assert not monitor.watcher.watches_gpu()
+    assert monitor.decider.weighted[Resource.GPU]
+
+
+def test_a_gpu_client_gone_between_passes_is_skipped() -> None:
+    node, monitor = gpu_node()
+    monitor.tick(node.now)
+    run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    node.remove("notebook")
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert "local/notebook" in monitor.registry.running, "the watch leaves that to the tick"
+    monitor.tick(node.now)
+    assert "local/notebook" not in monitor.registry.running

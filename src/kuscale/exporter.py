@@ -163,10 +163,11 @@ class SnapshotCollector(Collector):
         ticks.add_metric([self.node], float(snapshot["ticks"]))
         raises = CounterMetricFamily(
             "kuscale_fast_raises",
-            "Limits the watch raised between ticks for pods it saw throttled.",
-            labels=("node",),
+            "Limits the watch raised between ticks for pods it saw throttled or pinned.",
+            labels=("node", "resource"),
         )
-        raises.add_metric([self.node], float(snapshot.get("fast_raises", 0)))
+        raises.add_metric([self.node, "cpu"], float(snapshot.get("fast_raises", 0)))
+        raises.add_metric([self.node, "gpu"], float(snapshot.get("gpu_fast_raises", 0)))
         info = InfoMetricFamily("kuscale_policy", "The rule and backends in use.", labels=("node",))
         info.add_metric(
             [self.node],

@@ -105,6 +105,9 @@ class Actuation:
             else:
                 written = self._write_through(direct, pods, positions, due, asked)
             c.limit[rows[written], resource] = charged[written]
+            c.peak[rows[written], resource] = np.maximum(
+                c.peak[rows[written], resource], charged[written]
+            )
             c.changed[rows[written], resource] = True
             faults.reached("tick.written")
 

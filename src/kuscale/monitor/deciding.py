@@ -46,7 +46,8 @@ class Decider:
         self, sample: Sample, uses: BoolArray, avg: FloatArray, spread: FloatArray
     ) -> Observation:
         """The limits, demand estimates and queue are what the pods held since the last
-        tick."""
+        tick: of each limit the most they held, which is what they are charged for (a GPU
+        limit the watch lowered part way through the period was held until then)."""
         c = self.table.columns
         rows = sample.rows
         return Observation(
@@ -56,7 +57,7 @@ class Decider:
             queue=c.queue[rows],
             usage=sample.usage,
             avg_usage=avg,
-            limits=take_rows(c.limit, rows),
+            limits=take_rows(c.peak, rows),
             starved=sample.starved & uses,
             demand=take_rows(c.demand, rows),
             uses=uses,

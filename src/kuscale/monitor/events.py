@@ -40,7 +40,9 @@ Event = PodAdded | PodRemoved | Stop
 class TickStats:
     ticks: int = 0
     fast_raises: int = 0
-    """Limits the watch raised between ticks."""
+    """CPU limits the watch raised between ticks."""
+    gpu_fast_raises: int = 0
+    """GPU limits the watch raised between ticks (layers without weights)."""
     last_tick: float | None = None
     last_duration: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)

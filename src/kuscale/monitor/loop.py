@@ -114,6 +114,9 @@ class Monitor:
             config.period,
             reach,
             weighted,
+            gpu,
+            self.device_capacity,
+            pinned_at,
         )
         self._watching = config.watch_interval > 0 and not config.monitor_only
         self.pressure = PressureWake(cpu, self._watching and config.watch_pressure)
@@ -162,6 +165,7 @@ class Monitor:
             self.actuation.write_decided(
                 sample.pods, sample.rows, decision.limits, sample.writer, sample.positions
             )
+        np.copyto(self.table.columns.peak, self.table.columns.limit)
         self.lifecycle.settle_record(now)
         self.actuation.commit()
         self.stats.ticks += 1
@@ -173,7 +177,7 @@ class Monitor:
     def watch(self, now: float) -> None:
         """The fast path between ticks (see `Watch`); a monitor-only agent changes nothing."""
         if not self.config.monitor_only:
-            self.watcher.look()
+            self.watcher.look(now)
 
     # Running and stopping.
 
@@ -201,7 +205,11 @@ class Monitor:
         """Sleep until the next tick, handling events as they come (a Stop ends the wait):
         on the pods' pressure triggers where the kernel has them, else polling."""
         deadline = clock() + delay
-        if self._wake is not None and self.pressure.follow(self.watcher.managed_cgroups()):
+        if (
+            self._wake is not None
+            and not self.watcher.watches_gpu()
+            and self.pressure.follow(self.watcher.managed_cgroups())
+        ):
             self._sleep_on_pressure(deadline, clock, self._wake)
         else:
             self._poll(deadline, clock)
@@ -269,6 +277,7 @@ class Monitor:
             "capacity": {r.label: float(self.capacity[r]) for r in RESOURCES},
             "ticks": self.stats.ticks,
             "fast_raises": self.stats.fast_raises,
+            "gpu_fast_raises": self.stats.gpu_fast_raises,
             "watch": self.pressure.mode if self._watching else "off",
             "tick_seconds": self.stats.last_duration,
             "errors": dict(self.stats.errors),

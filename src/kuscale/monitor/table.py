@@ -62,6 +62,9 @@ class Columns:
     has_baseline: BoolArray
     """True once the CPU counters above hold a sample to measure from."""
     gpu_busy_ns: IntArray
+    gpu_look_ns: IntArray
+    """GPU busy ns as the watch last read it, at `gpu_look_at` (NaN: not since the tick)."""
+    gpu_look_at: FloatArray
     throttle_mark: IntArray
     """nr_throttled as the last tick or watch pass saw it."""
     raised_mark: IntArray
@@ -71,6 +74,9 @@ class Columns:
     price: FloatArray
     limit: FloatArray
     """What the pod holds and is charged for, per resource."""
+    peak: FloatArray
+    """The most it held of each since the tick: what a raise between ticks must leave room
+    for, since a limit lowered part way through a period was held until then."""
     usage: FloatArray
     avg_usage: FloatArray
     demand: FloatArray
@@ -99,11 +105,14 @@ def _empty(rows: int, window: int) -> Columns:
         nr_throttled=np.zeros(rows, dtype=np.int64),
         has_baseline=np.zeros(rows, dtype=np.bool_),
         gpu_busy_ns=np.zeros(rows, dtype=np.int64),
+        gpu_look_ns=np.zeros(rows, dtype=np.int64),
+        gpu_look_at=np.full(rows, np.nan),
         throttle_mark=np.zeros(rows, dtype=np.int64),
         raised_mark=np.full(rows, NO_MARK, dtype=np.int64),
         uses=np.zeros(pair, dtype=np.bool_),
         price=np.zeros(pair),
         limit=np.zeros(pair),
+        peak=np.zeros(pair),
         usage=np.zeros(pair),
         avg_usage=np.zeros(pair),
         demand=np.zeros(pair),
@@ -141,7 +150,7 @@ class PodTable:
         for resource in used:
             c.uses[row, resource] = True
             c.price[row, resource] = prices[resource]
-            c.limit[row, resource] = limit
+            c.limit[row, resource] = c.peak[row, resource] = limit
         return row
 
     def release(self, row: int) -> None:

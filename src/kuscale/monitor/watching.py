@@ -1,6 +1,8 @@
 """The watch between ticks: every ready pod's throttle count, read several times a period; a
 pod throttled since the last look may have its CPU limit raised at once by the policy's fast
-path, within its budget, instead of waiting for the next tick."""
+path, within its budget, instead of waiting for the next tick. Where the GPU layer has no
+weights, each GPU pod's busy time is read as well: a pod pinned at its GPU limit since the
+last look is raised the same way, out of what its device leaves unheld or unused."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import logging
 import numpy as np
 
 from kuscale import faults
-from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.backends.base import BackendError, CpuBackend, GpuBackend
 from kuscale.backends.pressure import (
     MIN_WINDOW_US,
     PressureSource,
@@ -22,9 +24,9 @@ from kuscale.monitor.events import TickStats, log
 from kuscale.monitor.sampling import Ready, Sampler
 from kuscale.monitor.table import PodTable
 from kuscale.policy import Policy
-from kuscale.policy.base import BoolArray, FloatArray, IntArray, Starving
+from kuscale.policy.base import BoolArray, FloatArray, GpuLook, IntArray, Starving
 
-CPU = Resource.CPU
+CPU, GPU = Resource.CPU, Resource.GPU
 PRESSURE_WINDOW_US = MIN_WINDOW_US
 """The kernel's shortest PSI window, 500 ms: a trigger fires within tens of ms of a stall."""
 PRESSURE_STALL_US = 20_000
@@ -90,6 +92,9 @@ class Watch:
         period: float,
         reach: FloatArray,
         weighted: BoolArray,
+        gpu: GpuBackend | None = None,
+        device_capacity: FloatArray | None = None,
+        pinned_at: float = 1.0,
     ) -> None:
         self.table = table
         self.sampler = sampler
@@ -99,13 +104,27 @@ class Watch:
         self.period = period
         self.reach = reach
         self.weighted = weighted
+        self.gpu = None if weighted[GPU] else gpu
+        """The GPU layer, where the watch must catch pinned pods itself (no weights)."""
+        self.device_capacity = np.zeros(0) if device_capacity is None else device_capacity
+        self.pinned_at = pinned_at
 
     def managed_cgroups(self) -> list[str]:
         """The cgroups of the pods the watch may raise: those the pressure triggers follow."""
         ready = self.sampler.ready()
         return [ready.pods[i].spec.cgroup for i in ready.managed.tolist()]
 
-    def look(self) -> None:
+    def watches_gpu(self) -> bool:
+        """True where GPU pods need looking at: no kernel stall wakes the loop for them."""
+        return self.gpu is not None and self.sampler.ready().holding[GPU].size > 0
+
+    def look(self, now: float) -> None:
+        """The CPU's throttle counters, then the GPU's busy time where it is watched."""
+        self._look_at_cpus()
+        if self.watches_gpu():
+            self._look_at_gpus(now)
+
+    def _look_at_cpus(self) -> None:
         """Read every managed pod's throttle counter; hand those throttled since the last
         look to the policy's fast path and write, all at once, what it raises. A pod whose
         cgroup cannot be read is skipped until the next tick."""
@@ -144,6 +163,88 @@ class Watch:
                     c.limit[rows[i], CPU],
                 )
 
+    def _look_at_gpus(self, now: float) -> None:
+        """Each ready GPU pod's use since the last look (since the tick, at the first look
+        after one); those pinned at their limit go to the policy's GPU fast path, and every
+        GPU limit it changed is written, with one reload of the layer."""
+        ready = self.sampler.ready()
+        c = self.table.columns
+        positions, busy = self._gpu_busy(ready)
+        if not positions.size:
+            return
+        rows = ready.rows[positions]
+        since_tick = ~(c.gpu_look_at[rows] > c.last_update[rows])
+        mark = np.where(since_tick, c.gpu_busy_ns[rows], c.gpu_look_ns[rows])
+        elapsed = now - np.where(since_tick, c.last_update[rows], c.gpu_look_at[rows])
+        c.gpu_look_ns[rows], c.gpu_look_at[rows] = busy, now
+        timed = (elapsed > 0) & (busy >= mark)
+        usage = np.where(timed, (busy - mark) * 100.0 / (np.where(timed, elapsed, 1.0) * 1e9), 0.0)
+        limits = c.limit[rows, GPU]
+        pinned = timed & (usage >= self.pinned_at * limits)
+        if not pinned.any():
+            return
+        uses = c.uses[rows]
+        look = GpuLook(
+            period=self.period,
+            tokens=c.tokens[rows],
+            queue=c.queue[rows],
+            limits=self._charged(rows, GPU),
+            uses=uses,
+            usage=usage,
+            spread=c.spread[rows, GPU],
+            pinned=pinned,
+            device=c.device[rows],
+            device_capacity=self.device_capacity,
+            capacity=self.reach,
+        )
+        shares = self.policy.raise_pinned_gpu(look)
+        if shares is not None:
+            self._write_gpu(ready, positions, shares, limits)
+
+    def _charged(self, rows: IntArray, raised: Resource) -> FloatArray:
+        """What the pods hold of `raised` now, and the most they held of the rest since the
+        tick: a raise is charged for the whole period, so it may take only the budget that
+        the other resources' peaks leave."""
+        c = self.table.columns
+        limits = np.where(c.uses[rows], c.peak[rows], 0.0)
+        limits[:, raised] = np.where(c.uses[rows, raised], c.limit[rows, raised], 0.0)
+        return limits
+
+    def _gpu_busy(self, ready: Ready) -> tuple[IntArray, IntArray]:
+        """Positions of the ready pods with a GPU client, and their busy ns; a client that
+        cannot be read (gone since the last pass) is skipped until the next tick."""
+        assert self.gpu is not None
+        c = self.table.columns
+        positions, busy = [], []
+        for i, pod in enumerate(ready.pods):
+            vgpu_id = pod.spec.vgpu_id
+            if vgpu_id is None or not c.uses[pod.row, GPU]:
+                continue
+            try:
+                busy.append(self.gpu.read(vgpu_id))
+            except BackendError as err:
+                log.debug("watch skips pod %s's GPU: %s", pod.key, err)
+                continue
+            positions.append(i)
+        return np.array(positions, dtype=np.int64), np.array(busy, dtype=np.int64)
+
+    def _write_gpu(
+        self, ready: Ready, positions: IntArray, shares: FloatArray, before: FloatArray
+    ) -> None:
+        """Write the GPU limits the fast path changed; count the pods it raised."""
+        c = self.table.columns
+        changed = np.flatnonzero(np.abs(shares - before) > WRITE_RESOLUTION)
+        if not changed.size:
+            return
+        rows = ready.rows[positions[changed]]
+        limits = np.zeros((changed.size, len(RESOURCES)))
+        limits[:, GPU] = shares[changed]
+        pods = [ready.pods[i] for i in positions[changed].tolist()]
+        self.actuation.write_decided(pods, rows, limits, None, positions[changed], (GPU,))
+        self.actuation.commit()
+        self.stats.gpu_fast_raises += int((c.limit[rows, GPU] > before[changed]).sum())
+        faults.reached("watch.raised")
+
     def _throttled(self, ready: Ready) -> IntArray:
         """Positions among the ready pods of the managed ones whose throttle count rose
         since the last look."""
@@ -175,7 +276,7 @@ class Watch:
             period=self.period,
             tokens=c.tokens[rows],
             queue=c.queue[rows],
-            limits=np.where(uses, c.limit[rows], 0.0),
+            limits=self._charged(rows, CPU),
             uses=uses,
             capacity=self.reach,
             held=held,

@@ -92,6 +92,33 @@ class Starving:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuLook:
+    """Every pod holding a share of a GPU layer without weights, as one watch pass found
+    them: which were pinned at their limit since the last look, and what each used."""
+
+    period: float
+    tokens: FloatArray
+    queue: FloatArray
+    """Q per pod as of the last tick."""
+    limits: FloatArray
+    """The limits each pod holds now, (n, m)."""
+    uses: BoolArray
+    usage: FloatArray
+    """GPU use since the last look, percent, (n,)."""
+    spread: FloatArray
+    """The EWMA of the GPU use's tick-to-tick change, (n,)."""
+    pinned: BoolArray
+    """True where the pod used at least `1 − pin_tolerance` of its GPU limit."""
+    device: IntArray
+    device_capacity: FloatArray
+    capacity: FloatArray
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     limits: FloatArray
     weights: FloatArray
@@ -118,4 +145,9 @@ class Policy(Protocol):
     def raise_starved(self, obs: Starving) -> FloatArray | None:
         """New limits (n, m) for pods seen starved between ticks, never below what they hold;
         None for a rule that waits for its tick."""
+        ...
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
+        """New GPU limits (n,) where the layer has no weights: pinned pods raised, others
+        never above what they hold; None for a rule that waits for its tick."""
         ...

@@ -20,6 +20,7 @@ from kuscale.policy.base import (
     BoolArray,
     Decision,
     FloatArray,
+    GpuLook,
     IntArray,
     Observation,
     Starving,
@@ -27,7 +28,7 @@ from kuscale.policy.base import (
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_within, spend_curves
-from kuscale.policy.waterfill import water_fill
+from kuscale.policy.waterfill import rebalance_devices, water_fill
 from kuscale.rows import row_sum
 from kuscale.tokens import advance_queue
 
@@ -164,6 +165,30 @@ class KuscalePolicy:
         limits = obs.limits.copy()
         limits[:, cpu] = np.where(np.isfinite(wanted), wanted, obs.limits[:, cpu])
         return limits
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray:
+        """The GPU's fast path, where the layer has no weights: a pod pinned at its GPU limit
+        since the last look gets at once what its budget allows now (as `raise_starved`),
+        up to its cap, out of what its device leaves unheld and what other pods there hold
+        above their use plus a margin (the quiet demand estimate's), never below their
+        minimum. Pinned pods share that by tokens. The next tick re-balances."""
+        gpu = Resource.GPU
+        prices = np.where(obs.uses, self.prices, 0.0)
+        budget = self.budget(obs.tokens, obs.queue, obs.period)
+        held = obs.limits[:, gpu]
+        others = row_sum(prices * obs.limits) - prices[:, gpu] * held
+        cap = float(self.upper_bounds(obs.capacity)[gpu])
+        affordable = np.minimum((budget - others) / self.prices[gpu], cap)
+        wanted = np.where(obs.pinned, np.maximum(affordable - held, 0.0), 0.0)
+        tolerance = self.config.pin_tolerance
+        kept = np.maximum(
+            obs.usage * (1.0 + 2.0 * tolerance), obs.usage + self.config.noise_margin * obs.spread
+        )
+        spare = np.where(
+            obs.pinned, 0.0, np.maximum(held - np.maximum(kept, self.minimums[gpu]), 0.0)
+        )
+        rooms = obs.device_capacity * self.overcommit[gpu]
+        return rebalance_devices(held, wanted, spare, obs.tokens, obs.device, rooms)
 
     def budget(self, tokens: FloatArray, queue: FloatArray, period: float) -> FloatArray:
         """B = R + k·Q/T: what a pod may spend per second, at a tick and at a fast raise."""

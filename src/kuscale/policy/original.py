@@ -9,7 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
+from kuscale.policy.base import (
+    BoolArray,
+    Decision,
+    FloatArray,
+    GpuLook,
+    Observation,
+    Starving,
+)
 from kuscale.rows import row_sum
 from kuscale.tokens import advance_queue
 
@@ -60,6 +67,9 @@ class OriginalPolicy:
 
     def raise_starved(self, obs: Starving) -> FloatArray | None:
         """The original reacts once a period, by its fixed step."""
+        return None
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
         return None
 
     def decide(self, obs: Observation) -> Decision:

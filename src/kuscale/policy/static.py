@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, Starving
+from kuscale.policy.base import (
+    BoolArray,
+    Decision,
+    FloatArray,
+    GpuLook,
+    Observation,
+    Starving,
+)
 from kuscale.tokens import advance_queue
 
 
@@ -28,6 +35,9 @@ class TokenBlind:
 
     def raise_starved(self, obs: Starving) -> FloatArray | None:
         """The baselines act at their own pace: no fast path."""
+        return None
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
         return None
 
     def decision(self, limits: FloatArray, demand: FloatArray, obs: Observation) -> Decision:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kuscale.policy.base import FloatArray
+from kuscale.policy.base import FloatArray, IntArray
 
 
 def water_fill(
@@ -36,4 +36,29 @@ def water_fill(
     k = int(np.searchsorted(values, capacity, side="right")) - 1
     level = points[k] + (capacity - values[k]) / slope[k] if slope[k] > 0 else points[k]
     shares: FloatArray = np.clip(level * weights, floors, caps)
+    return shares
+
+
+def rebalance_devices(
+    held: FloatArray,
+    wanted: FloatArray,
+    spare: FloatArray,
+    weights: FloatArray,
+    device: IntArray,
+    rooms: FloatArray,
+) -> FloatArray:
+    """New shares where some claimants want `wanted` more and others can give up `spare`,
+    device by device: a device's unheld room goes first, then the spare, taken from each
+    giver in proportion to what it can give; the claimants share it by weight."""
+    shares = held.copy()
+    for d, room in enumerate(rooms.tolist()):
+        on = (device == d) & ((wanted > 0) | (spare > 0))
+        if not wanted[on].any():
+            continue
+        free = max(room - float(held[device == d].sum()), 0.0)
+        given = float(spare[on].sum())
+        granted = water_fill(free + given, weights[on], wanted[on])
+        taken = min(max(float(granted.sum()) - free, 0.0), given)
+        fraction = taken / given if given > 0 else 0.0
+        shares[on] = held[on] + granted - spare[on] * fraction
     return shares

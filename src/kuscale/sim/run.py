@@ -11,7 +11,7 @@ import numpy as np
 from kuscale.model import PodSpec, PodStatus, Resource
 from kuscale.monitor import Monitor, PodAdded
 from kuscale.policy import Decision, Observation, Policy, make_policy
-from kuscale.policy.base import BoolArray, FloatArray, Starving
+from kuscale.policy.base import BoolArray, FloatArray, GpuLook, Starving
 from kuscale.sim.node import SimCpu, SimGpu, SimNode
 from kuscale.sim.scenario import Scenario
 
@@ -71,6 +71,9 @@ class TimedPolicy:
 
     def raise_starved(self, obs: Starving) -> FloatArray | None:
         return self.policy.raise_starved(obs)
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
+        return self.policy.raise_pinned_gpu(obs)
 
 
 @dataclass(slots=True)
