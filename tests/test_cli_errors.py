@@ -92,6 +92,7 @@ def test_a_garbled_status_file_is_an_error_not_a_traceback(tmp_path: Path) -> No
         ("[resources.cpu]\nprice = -1\n", "resources.cpu.price"),
         ("[resources.cpu]\novercommit = 0\n", "resources.cpu.overcommit"),
         ("[policy]\ngrowth = 1.0\n", "policy.growth"),
+        ("[policy]\nfast_growth = 0.5\n", "policy.fast_growth"),
         ("[policy]\ndamping = 1.5\n", "policy.damping"),
         ('[agent]\npolicy = "greedy"\n', "agent.policy"),
         ('[agent]\nkernel_shares = "yes"\n', "agent.kernel_shares"),

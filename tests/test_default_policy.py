@@ -369,6 +369,21 @@ def test_with_burst_credit_only_what_would_overflow_is_held(
     assert limit * 1.0 <= 150.0 + 0.05 * fill * 150.0 * 60.0 + 1e-9
 
 
+def test_headroom_shrinks_with_the_credit_a_pod_has_left() -> None:
+    """Tokens go to demand first: a pod with little credit left holds little headroom
+    above its demand estimate, one with a full queue (short of overflowing) the original's."""
+    config = PolicyConfig(burst_factor=0.05, burst_seconds=60.0)
+    headroom = []
+    for fill in (0.0, 0.25, 0.9):
+        quiet = observation(
+            usage=[[40.0, 0.0]], tokens=[150.0], limits=[[50.0, 0.0]], queue=[fill * 9000.0]
+        )
+        decision = KuscalePolicy(config).decide(quiet)
+        headroom.append(float(decision.limits[0, 0] - decision.demand[0, 0]))
+    assert headroom[0] < 0.2, "the tick's own saving is all it has"
+    assert 0.0 < headroom[1] < headroom[2]
+
+
 def test_a_starved_pod_leaps_to_what_its_budget_buys() -> None:
     starved = observation(
         usage=[[10.0, 0.0]], tokens=[150.0], limits=[[10.0, 0.0]], starved=[[True, False]]

@@ -315,3 +315,25 @@ def test_with_gemini_the_policy_leaves_the_device_to_its_weights() -> None:
     assert limit[busy].sum(axis=1).mean() > 110.0, "limits carry budgets, not the device"
     assert usage[alone, 0].mean() > 85.0
     assert evaluate(trace)["budget_overspend_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("layer", ["vgpu", "gemini"])
+@pytest.mark.parametrize("name", ["inference-spikes", "gpu-tenants", "two-gpu-training"])
+def test_the_gpu_scenarios_run_on_either_gpu_layer(name: str, layer: str) -> None:
+    run = shortened(name, 120).on_gpu_layer(layer)
+    assert run.gemini is (layer == "gemini")
+    metrics = evaluate(simulate(run, "kuscale"))
+    assert metrics["within_rules"] and metrics["budget_overspend_fraction"] == 0.0
+    assert max(metrics["gpu_device_peak_percent"]) <= 100.0 + 1e-3  # usage is float32
+    assert metrics["gpu"]["idle_while_starved_fraction"] <= 0.02
+
+
+def test_sim_cli_replaces_the_gpu_layer(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    argv = ["sim", "--scenario", "inference-spikes", "--duration", "30", "--policy", "kuscale"]
+    assert main([*argv, "--gpu-layer", "gemini", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["gpu_layer"] == "gemini"
+    assert main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["gpu_layer"] == "vgpu"
+    with pytest.raises(SystemExit):
+        main([*argv, "--gpu-layer", "hami"])

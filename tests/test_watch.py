@@ -51,21 +51,28 @@ def budget_holds(monitor: Monitor) -> bool:
     return True
 
 
-def test_a_burst_is_met_within_one_watch_interval() -> None:
+def test_a_burst_is_met_within_a_few_watch_intervals() -> None:
+    """Each look at most doubles the limit (`fast_growth`), within the budget: from under
+    30 % a burst to 120 % is met within four looks, 0.4 s."""
     node, monitor = burst_node()
     for _ in range(5):
         monitor.tick(node.now)
         run_period(node, monitor, 1.0)
     monitor.tick(node.now)
     web = monitor.registry.running["local/web"].resources[Resource.CPU]
-    assert web.limit < 120.0
+    assert web.limit < 30.0
     raises = monitor.stats.fast_raises
-    node.advance(0.1)
-    monitor.watch(node.now)
-    assert web.limit >= 120.0
-    assert monitor.stats.fast_raises == raises + 1
-    assert monitor.snapshot()["fast_raises"] == raises + 1
-    assert budget_holds(monitor)
+    held = [web.limit]
+    while held[-1] < 120.0 and len(held) < 10:
+        node.advance(0.1)
+        monitor.watch(node.now)
+        held.append(web.limit)
+        assert budget_holds(monitor)
+    looks = len(held) - 1
+    assert looks <= 4, held
+    assert held[1:-1] == pytest.approx([2 * h for h in held[:-2]])
+    assert monitor.stats.fast_raises == raises + looks
+    assert monitor.snapshot()["fast_raises"] == raises + looks
 
 
 def test_the_tick_after_a_raise_does_not_count_what_it_answered() -> None:
@@ -78,7 +85,7 @@ def test_the_tick_after_a_raise_does_not_count_what_it_answered() -> None:
     monitor.tick(node.now)
     web = monitor.registry.running["local/web"].resources[Resource.CPU]
     assert not web.starved
-    assert web.limit >= 120.0
+    assert web.limit >= 0.95 * 120.0, "the period's usage, raises included, is its demand"
 
 
 @pytest.mark.parametrize("kernel_shares", [True, False])

@@ -260,6 +260,12 @@ def _add_sim_parser(sim: argparse.ArgumentParser) -> None:
     )
     sim.add_argument("--seed", type=int, help="replace the scenario's seed")
     sim.add_argument("--duration", type=_seconds, help="replace the scenario's duration")
+    sim.add_argument(
+        "--gpu-layer",
+        choices=("vgpu", "gemini"),
+        help="replace the scenario's GPU layer: vgpu (limits alone, as the original's module) "
+        "or gemini (REQUEST from tokens first, then work-conserving up to LIMIT)",
+    )
     sim.add_argument("--json", type=Path, help="write the metrics as JSON")
     sim.add_argument("--plot", type=Path, help="PNG of a few pods over time (one per policy)")
     sim.add_argument("--report", type=Path, help="directory for a Markdown report with plots")
@@ -798,7 +804,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _sim_scenario(args: argparse.Namespace) -> Any:
-    """The scenario `kuscale sim` names, with --seed and --duration applied; None for --list."""
+    """The scenario `kuscale sim` names, with --seed, --duration and --gpu-layer applied;
+    None for --list."""
     from dataclasses import replace
 
     from kuscale.sim.located import ScenarioError
@@ -818,6 +825,8 @@ def _sim_scenario(args: argparse.Namespace) -> Any:
         if args.duration < scenario.period:
             raise CliError(f"--duration must be at least one period ({scenario.period:g} s)")
         scenario = replace(scenario, duration=args.duration)
+    if args.gpu_layer is not None:
+        scenario = scenario.on_gpu_layer(args.gpu_layer)
     return scenario
 
 

@@ -84,6 +84,10 @@ class PolicyConfig:
     starved pod's demand is unknown, and every tick spent finding it is served below it:
     the estimate leaps (from 10 % to a whole core in one tick), and the pod's budget, not the
     step, bounds what it gets. Kernel weights keep the leap from starving anyone else."""
+    fast_growth: float = 2.0
+    """Factor a limit may grow by at one look of the watch (`kuscale` only): a raise is
+    charged for the whole period, so a pod throttled by its own noise pays for one step,
+    while a burst from 10 % reaches a whole core within four looks (0.4 s)."""
     damping: float = 0.3
     """Share of the excess of the demand estimate over usage kept per quiet tick. Once a pod
     runs unthrottled its usage is its demand, so the leap's excess is shed within a few
@@ -122,6 +126,9 @@ class PolicyConfig:
         _require_finite("policy.growth", self.growth)
         if self.growth <= 1.0:
             raise ConfigError(f"policy.growth must be above 1, got {self.growth}")
+        _require_finite("policy.fast_growth", self.fast_growth)
+        if self.fast_growth <= 1.0:
+            raise ConfigError(f"policy.fast_growth must be above 1, got {self.fast_growth}")
         _require_finite("policy.damping", self.damping, non_negative=True)
         _require_finite("policy.noise_margin", self.noise_margin, non_negative=True)
         if self.damping >= 1.0:

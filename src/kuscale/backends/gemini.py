@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ log = logging.getLogger("kuscale.gemini")
 
 MAX_CLIENT_NAME = 62
 """Gemini's IDs are ASCII names under 63 characters (its README)."""
+POLL_SECONDS = 0.05
+"""Reads this close together share one NVML poll: one round of the tick's or the watch's."""
 DEFAULT_STEP = 5.0
 """Points a share must rise by before Gemini's file is rewritten for it."""
 
@@ -163,7 +166,7 @@ class GeminiLayer:
         self._staged: dict[str, float | None] = {}
         self._removed: set[str] = set()
         self._reweighed = False
-        self._polled = False
+        self._polled_at = -math.inf
 
     def capacity(self) -> float:
         return 100.0 * len(self.paths)
@@ -218,15 +221,18 @@ class GeminiLayer:
         self._reweighed |= self._weights.get(vgpu_id) != before
 
     def read(self, vgpu_id: str) -> int:
-        """Busy ns from NVML, polled once per tick (the first read after a commit)."""
+        """Busy ns from NVML, polled once per round of reads: the first read after a commit
+        or after POLL_SECONDS, so a tick's reads poll once and the watch's looks see new
+        samples."""
         if self.usage is None:
             raise BackendError("no GPU usage source (NVML) for Gemini")
         cgroup, device = self._cgroups.get(vgpu_id), self._devices.get(vgpu_id)
         if cgroup is None or device is None:
             raise BackendError(f"Gemini client {vgpu_id!r} has no cgroup to measure")
-        if not self._polled:
+        now = time.monotonic()
+        if now - self._polled_at >= POLL_SECONDS:
             self.usage.poll()
-            self._polled = True
+            self._polled_at = now
         return self.usage.busy_ns(cgroup, device)
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
@@ -263,7 +269,7 @@ class GeminiLayer:
 
     def commit(self) -> None:
         """Rewrite each device's file whose text changed, once."""
-        self._polled = False
+        self._polled_at = -math.inf
         if not self._staged and not self._removed and not self._reweighed:
             return
         failures = []

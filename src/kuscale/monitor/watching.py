@@ -1,8 +1,8 @@
 """The watch between ticks: every ready pod's throttle count, read several times a period; a
 pod throttled since the last look may have its CPU limit raised at once by the policy's fast
-path, within its budget, instead of waiting for the next tick. Where the GPU layer has no
-weights, each GPU pod's busy time is read as well: a pod pinned at its GPU limit since the
-last look is raised the same way, out of what its device leaves unheld or unused."""
+path, within its budget, instead of waiting for the next tick. Each GPU pod's busy time is
+read as well: a pod pinned at its GPU limit since the last look is raised the same way,
+where the layer has no weights out of what its device leaves unheld or unused."""
 
 from __future__ import annotations
 
@@ -104,8 +104,7 @@ class Watch:
         self.period = period
         self.reach = reach
         self.weighted = weighted
-        self.gpu = None if weighted[GPU] else gpu
-        """The GPU layer, where the watch must catch pinned pods itself (no weights)."""
+        self.gpu = gpu
         self.device_capacity = np.zeros(0) if device_capacity is None else device_capacity
         self.pinned_at = pinned_at
 
@@ -196,6 +195,7 @@ class Watch:
             device=c.device[rows],
             device_capacity=self.device_capacity,
             capacity=self.reach,
+            weighted=bool(self.weighted[GPU]),
         )
         shares = self.policy.raise_pinned_gpu(look)
         if shares is not None:

@@ -93,8 +93,8 @@ class Starving:
 
 @dataclass(frozen=True, slots=True)
 class GpuLook:
-    """Every pod holding a share of a GPU layer without weights, as one watch pass found
-    them: which were pinned at their limit since the last look, and what each used."""
+    """Every pod holding a share of a GPU layer, as one watch pass found them: which were
+    pinned at their limit since the last look, and what each used."""
 
     period: float
     tokens: FloatArray
@@ -112,6 +112,9 @@ class GpuLook:
     device: IntArray
     device_capacity: FloatArray
     capacity: FloatArray
+    weighted: bool = False
+    """True where the layer shares each device by tokens (Gemini's REQUEST): limits need
+    not fit the device, and nothing is taken from other pods."""
 
     @property
     def size(self) -> int:
@@ -148,6 +151,6 @@ class Policy(Protocol):
         ...
 
     def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
-        """New GPU limits (n,) where the layer has no weights: pinned pods raised, others
-        never above what they hold; None for a rule that waits for its tick."""
+        """New GPU limits (n,): pinned pods raised, others never above what they hold; None
+        for a rule that waits for its tick."""
         ...

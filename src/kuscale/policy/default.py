@@ -100,7 +100,7 @@ class KuscalePolicy:
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = self.budget(obs.tokens, queue, obs.period)
         demand = self.leap_within_budget(demand, obs.starved, obs.limits, prices, budget)
-        available = obs.tokens * obs.period
+        available = obs.tokens * obs.period * self.credit_left(queue, obs.tokens)
         curves = spend_curves(demand, self.prices, weights, self.minimums, upper, obs.uses)
         desired = solve_within(curves, budget, available)
         free = np.minimum(self.free_spend(queue, obs.tokens, obs.period), budget)
@@ -144,9 +144,13 @@ class KuscalePolicy:
         return np.where(starved, capped, demand)
 
     def raise_starved(self, obs: Starving) -> FloatArray:
-        """The fast path: a pod throttled between ticks gets at once the largest CPU limit
-        its budget allows now (reservation plus the burst credit of the last tick, less
-        what its other resources hold), up to its cap. Where the kernel shares the CPU by
+        """The fast path: a pod throttled between ticks gets at once up to `fast_growth`
+        times its CPU limit, within the largest its budget allows now (reservation plus the
+        burst credit of the last tick, less what its other resources held this period), up
+        to its cap. A raise is charged for the whole period, and the watch looks again
+        within a tenth of it: stepping by a factor, a pod pinned by its own noise pays for a
+        step, not for its whole budget, and a burst reaches its budget within a few looks.
+        Where the kernel shares the CPU by
         tokens that is all; otherwise only what no other pod holds of the node's
         capacity × overcommit is given, pod by pod. Never below what a pod holds: the next
         tick re-balances."""
@@ -156,6 +160,7 @@ class KuscalePolicy:
         others = row_sum(prices * obs.limits) - prices[:, cpu] * obs.limits[:, cpu]
         cap = float(self.upper_bounds(obs.capacity)[cpu])
         affordable = np.minimum((budget - others) / self.prices[cpu], cap)
+        affordable = np.minimum(affordable, obs.limits[:, cpu] * self.config.fast_growth)
         wanted = np.maximum(affordable, obs.limits[:, cpu])
         if not obs.weighted[cpu]:
             spare = max(float(obs.capacity[cpu] * self.overcommit[cpu] - obs.held[cpu]), 0.0)
@@ -167,11 +172,12 @@ class KuscalePolicy:
         return limits
 
     def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray:
-        """The GPU's fast path, where the layer has no weights: a pod pinned at its GPU limit
-        since the last look gets at once what its budget allows now (as `raise_starved`),
-        up to its cap, out of what its device leaves unheld and what other pods there hold
-        above their use plus a margin (the quiet demand estimate's), never below their
-        minimum. Pinned pods share that by tokens. The next tick re-balances."""
+        """The GPU's fast path: a pod pinned at its GPU limit since the last look gets at
+        once up to `fast_growth` times it, within what its budget allows now (as
+        `raise_starved`), up to its cap, out of what its device leaves unheld and what other
+        pods there hold above their use plus a margin (the quiet demand estimate's), never
+        below their minimum. Pinned pods share that by tokens. Where the layer shares by
+        tokens, the raise is the budget's alone, as on the CPU. The next tick re-balances."""
         gpu = Resource.GPU
         prices = np.where(obs.uses, self.prices, 0.0)
         budget = self.budget(obs.tokens, obs.queue, obs.period)
@@ -179,7 +185,10 @@ class KuscalePolicy:
         others = row_sum(prices * obs.limits) - prices[:, gpu] * held
         cap = float(self.upper_bounds(obs.capacity)[gpu])
         affordable = np.minimum((budget - others) / self.prices[gpu], cap)
+        affordable = np.minimum(affordable, held * self.config.fast_growth)
         wanted = np.where(obs.pinned, np.maximum(affordable - held, 0.0), 0.0)
+        if obs.weighted:
+            return held + wanted
         tolerance = self.config.pin_tolerance
         kept = np.maximum(
             obs.usage * (1.0 + 2.0 * tolerance), obs.usage + self.config.noise_margin * obs.spread
@@ -189,6 +198,16 @@ class KuscalePolicy:
         )
         rooms = obs.device_capacity * self.overcommit[gpu]
         return rebalance_devices(held, wanted, spare, obs.tokens, obs.device, rooms)
+
+    def credit_left(self, queue: FloatArray, tokens: FloatArray) -> FloatArray:
+        """The share of its token queue a pod still has, 1 where saved credit can never be
+        spent (burst factor 0): the headroom it holds above its demand estimate shrinks with
+        it, so a pod whose budget binds spends its credit on demand first, not on headroom
+        before the peak (the original's objective holds A/2 of it whatever the queue)."""
+        if self.config.burst_factor <= 0:
+            return np.ones_like(tokens)
+        cap = np.maximum(tokens * self.config.burst_seconds, 1e-9)
+        return np.asarray(np.clip(queue / cap, 0.0, 1.0), dtype=np.float64)
 
     def budget(self, tokens: FloatArray, queue: FloatArray, period: float) -> FloatArray:
         """B = R + k·Q/T: what a pod may spend per second, at a tick and at a fast raise."""

@@ -39,6 +39,7 @@ class Comparison:
         return {
             "scenario": self.scenario.name,
             "seed": self.scenario.seed,
+            "gpu_layer": "gemini" if self.scenario.gemini else "vgpu",
             "pods": len(self.scenario.pods),
             "duration_seconds": self.scenario.duration,
             "period_seconds": self.scenario.period,
@@ -135,7 +136,7 @@ def table(comparison: Comparison) -> Table:
     scenario = comparison.scenario
     result = Table(
         title=f"{scenario.name}: {len(scenario.pods)} pods, {scenario.duration:g} s, "
-        f"seed {scenario.seed}"
+        f"seed {scenario.seed}" + (", GPU shared as Gemini does" if scenario.gemini else "")
     )
     result.add_column("policy")
     for heading, _ in COLUMNS:

@@ -115,7 +115,7 @@ def simulate(
         scenario.cores,
         scenario.gpus,
         demand=lambda now: demand[min(int(now / period + 1e-9), ticks - 1)],
-        gemini=layer.kind == "gemini",
+        gemini=scenario.gemini,
     )
     pods = scenario.pods
     node.add_rows(

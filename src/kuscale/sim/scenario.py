@@ -51,6 +51,17 @@ class Scenario:
     def ticks(self) -> int:
         return round(self.duration / self.period)
 
+    @property
+    def gemini(self) -> bool:
+        """True where the GPU is shared as Gemini's gem-schd shares it (REQUEST first, then
+        work-conserving up to LIMIT); else by limits alone, as the original's module."""
+        return self.config.gpu_layer.kind == "gemini"
+
+    def on_gpu_layer(self, kind: str) -> Scenario:
+        """The same scenario on another GPU layer: "gemini", or "vgpu" (limits alone)."""
+        layer = replace(self.config.gpu_layer, kind=kind).validate()
+        return replace(self, config=replace(self.config, gpu_layer=layer))
+
     def times(self) -> FloatArray:
         return np.arange(self.ticks, dtype=np.float64) * self.period
 
