@@ -393,17 +393,21 @@ def test_a_starved_pod_leaps_to_what_its_budget_buys() -> None:
     assert KuscalePolicy(config).decide(starved).limits[0, 0] == pytest.approx(157.0)
 
 
-def test_a_leap_takes_only_the_budget_the_other_resource_does_not_need() -> None:
-    """A pinned GPU may leap only into what the pod's CPU estimate leaves of its budget."""
+def test_a_leap_takes_only_the_budget_the_other_resource_uses() -> None:
+    """A pinned GPU may leap only into what the pod's CPU uses leaves of its budget: the
+    CPU estimate's margin above its use is headroom, which demand comes before."""
     policy = KuscalePolicy(PolicyConfig())
     demand = arr([40.0, 100.0])
+    usage = arr([36.0, 50.0])
     starved = np.array([[False, True]])
     limits = arr([45.0, 50.0])
-    capped = policy.leap_within_budget(demand, starved, limits, PRICES[None, :], np.array([240.0]))
-    # 240 tokens less the CPU's 40 leave 200, which buy 66.7 % of the GPU.
-    assert capped[0] == pytest.approx([40.0, 200.0 / 3.0])
+    capped = policy.leap_within_budget(
+        demand, usage, starved, limits, PRICES[None, :], np.array([240.0])
+    )
+    # 240 tokens less the CPU's 36 leave 204, which buy 68 % of the GPU.
+    assert capped[0] == pytest.approx([40.0, 68.0])
     kept = policy.leap_within_budget(
-        demand, starved, arr([45.0, 80.0]), PRICES[None, :], np.array([240.0])
+        demand, usage, starved, arr([45.0, 80.0]), PRICES[None, :], np.array([240.0])
     )
     assert kept[0, 1] == pytest.approx(80.0)
 

@@ -99,7 +99,7 @@ class KuscalePolicy:
         )
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = self.budget(obs.tokens, queue, obs.period)
-        demand = self.leap_within_budget(demand, obs.starved, obs.limits, prices, budget)
+        demand = self.leap_within_budget(demand, obs.usage, obs.starved, obs.limits, prices, budget)
         available = obs.tokens * obs.period * self.credit_left(queue, obs.tokens)
         curves = spend_curves(demand, self.prices, weights, self.minimums, upper, obs.uses)
         desired = solve_within(curves, budget, available)
@@ -128,16 +128,20 @@ class KuscalePolicy:
     def leap_within_budget(
         self,
         demand: FloatArray,
+        usage: FloatArray,
         starved: BoolArray,
         limits: FloatArray,
         prices: FloatArray,
         budget: FloatArray,
     ) -> FloatArray:
         """A starved resource's leap takes only the budget its pod's other resources do not
-        need for their own estimates (and never less than the limit it holds): otherwise a
-        leap on the dear GPU starves the CPU of the same pod, whose leap then starves the
-        GPU, and the pod pays for both."""
-        spend = prices * demand
+        use (and never less than the limit it holds): otherwise a leap on the dear GPU
+        starves the CPU of the same pod, whose leap then starves the GPU, and the pod pays
+        for both. What they use, not their estimates: the margins of an estimate are
+        headroom, and where the budget binds demand comes first; the pod stage then splits
+        the shortfall over both by the objective."""
+        needed = np.where(starved, demand, np.minimum(demand, usage))
+        spend = prices * needed
         others = row_sum(spend)[:, None] - spend
         room = (budget[:, None] - others) / np.where(prices > 0, prices, 1.0)
         capped = np.minimum(demand, np.maximum(room, limits))
