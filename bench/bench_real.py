@@ -1,13 +1,25 @@
-"""Real workloads on this machine's real cgroups: a web server's burst after idle, and a web
-server beside a CPU-bound neighbour, under kuscale, kuscale-2022 and a static quota.
+"""Real workloads on this machine's real cgroups: a web server's burst after idle, the same
+with burst credit to spend, and a web server beside a CPU-bound neighbour, under kuscale,
+kuscale-2022 and a static quota.
 
 nginx (Debian's) serves a 448 KiB text page gzipped at level 9, about 10 ms of CPU a
-request; wrk drives it. Case 1: nginx with 150 tokens idles, then wrk runs 8 connections for
-the burst; we measure requests served, p50 and p99 latency, the limit held while idle, and
-how long after the burst began the limit first covered what the burst used under the static
-quota. Case 2: the same nginx (150 tokens) and stress-ng with two CPU workers (300 tokens)
-share the node while wrk runs; we measure both pods' work and each pod's share of the CPU
-they got against its share of the tokens.
+request, from two workers that each listen on their own socket (`reuseport`): the kernel
+spreads wrk's connections over both, where one worker otherwise often accepts them all and
+the server cannot use more than one core, whatever its limit; wrk drives it.
+
+Case 1: nginx with 150 tokens idles, then wrk runs 8 connections for the burst; we
+measure requests served, p50 and p99 latency, the limit held while idle, and how long after
+the burst began the limit first covered what the burst used under the static quota. Case 2,
+burst credit: nginx with 120 tokens and credit worth spending (burst_factor 0.2,
+burst_seconds 30) idles 10 s, then serves a 12 s burst; against a static 120 % quota. Case
+3: the same nginx (150 tokens) and stress-ng with two CPU workers (300 tokens) share the
+node while wrk runs; we measure both pods' work and each pod's share of the CPU they got
+against its share of the tokens.
+
+wrk runs as a client on another machine would: in a cgroup of its own, outside the pods',
+with the largest CPU weight the kernel takes, which no pod has. On the same two cores as
+the server, a server that takes the node would otherwise starve its own load generator,
+which would then measure its own starvation.
 
 Run with `make bench-real` (root: it installs nginx, wrk and stress-ng from Debian when they
 are missing, and writes cgroups). Prints a table; `--json FILE` writes the figures.
@@ -44,18 +56,38 @@ RESERVATION = 150
 NEIGHBOUR_TOKENS = 300
 PAGE_BYTES = 448 * 1024
 SAMPLE_SECONDS = 0.02
+CLIENT_SHARES = 262144
+"""cgroup v1's largest cpu.shares (v2: cpu.weight 10000): the load generator's weight."""
 CONFIG = """\
 [agent]
 period = 1.0
 watch_interval = {watch}
 
 [policy]
-burst_factor = 0.05
-burst_seconds = 60
+burst_factor = {burst_factor:g}
+burst_seconds = {burst_seconds:g}
 """
-"""The agent's settings for both cases: the default period, and burst credit so that an idle
-pod saves what it does not hold (at burst_factor 0 a pod holds its whole reservation, since
-credit it cannot spend is worth nothing, and there is no burst after idle to catch)."""
+"""The agent's settings: the default period, and burst credit so that an idle pod saves
+what it does not hold (at burst_factor 0 a pod holds its whole reservation, since credit it
+cannot spend is worth nothing, and there is no burst after idle to catch)."""
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A burst after idle: the server's tokens, the credit settings, the phases' lengths."""
+
+    name: str
+    tokens: int
+    idle: float
+    seconds: float
+    burst_factor: float = 0.05
+    burst_seconds: float = 60.0
+
+    def config(self, watch: float) -> str:
+        return CONFIG.format(
+            watch=watch, burst_factor=self.burst_factor, burst_seconds=self.burst_seconds
+        )
+
 
 NGINX_CONF = """\
 daemon off;
@@ -76,7 +108,7 @@ http {{
     gzip_min_length 0;
     gzip_types text/plain;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port} reuseport;
         root {prefix}/www;
         location / {{ default_type text/plain; }}
     }}
@@ -183,9 +215,11 @@ class WrkResult:
     p99_ms: float
 
 
-def run_wrk(port: int, seconds: float) -> WrkResult:
+def run_wrk(port: int, seconds: float, client: list[str]) -> WrkResult:
+    """wrk against the server, started through `client` (which puts it in its cgroup)."""
     out = subprocess.run(
         [
+            *client,
             "wrk",
             "-t1",
             "-c8",
@@ -225,12 +259,14 @@ class Node:
     agent: subprocess.Popen[bytes] | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self, watch: float) -> None:
+    def start(self, config_text: str) -> None:
+        self.cgroups.create(self.client)
+        self.cgroups.write_shares(self.client, CLIENT_SHARES)
         if self.policy is None:
             self.cgroups.create(self.parent)
             return
         config = self.state / "agent.toml"
-        config.write_text(CONFIG.format(watch=watch))
+        config.write_text(config_text)
         self.agent = subprocess.Popen(
             [
                 *KUSCALE,
@@ -250,14 +286,23 @@ class Node:
             stderr=subprocess.DEVNULL,
         )
 
+    @property
+    def client(self) -> str:
+        """The load generator's cgroup, beside the pods' parent, never under it."""
+        return f"{self.parent}-client"
+
+    def attach(self, cgroup: str) -> list[str]:
+        """A command prefix that moves the process into `cgroup`, then execs the rest."""
+        procs = [str(root / cgroup / "cgroup.procs") for root in self._roots()]
+        return [sys.executable, "-c", ATTACH, str(len(procs)), *procs]
+
     def launch(self, name: str, tokens: int, command: list[str]) -> str:
         cgroup = f"{self.parent}/{name}"
         if self.policy is None:
             self.cgroups.create(cgroup)
             self.cgroups.write_limit(cgroup, float(tokens))
-            procs = [str(root / cgroup / "cgroup.procs") for root in self._roots()]
             process = subprocess.Popen(
-                [sys.executable, "-c", ATTACH, str(len(procs)), *procs, *command],
+                [*self.attach(cgroup), *command],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -308,6 +353,7 @@ class Node:
             self.agent.send_signal(signal.SIGTERM)
             self.agent.wait(timeout=30)
         remove_tree(self.cgroups, self.parent)
+        remove_tree(self.cgroups, self.client)
 
 
 def remove_tree(cgroups: CgroupV1 | CgroupV2, parent: str) -> None:
@@ -330,11 +376,11 @@ def wait_for(condition: Any, timeout: float) -> None:
 
 
 @contextmanager
-def node(policy: str | None, watch: float) -> Iterator[Node]:
+def node(policy: str | None, config: str) -> Iterator[Node]:
     state = Path(tempfile.mkdtemp(prefix="kuscale-bench-real-"))
     here = Node(detect(), state, f"kuscale-bench-{os.getpid()}", policy)
     try:
-        here.start(watch)
+        here.start(config)
         yield here
     finally:
         here.stop()
@@ -358,12 +404,13 @@ def scratch() -> Iterator[Path]:
 
 
 def burst_after_idle(
-    policy: str | None, idle: float, burst: float, watch: float, needed: float | None
+    policy: str | None, case: Burst, watch: float, needed: float | None
 ) -> dict[str, Any]:
+    idle = case.idle
     with scratch() as prefix:
-        with node(policy, watch) as here:
+        with node(policy, case.config(watch)) as here:
             command, port = nginx_command(prefix)
-            cgroup = here.launch("web", RESERVATION, command)
+            cgroup = here.launch("web", case.tokens, command)
             wait_for(lambda: _answers(port), 20.0)
             log = LimitLog(here.cgroups, cgroup)
             sampler = threading.Thread(target=log.run, daemon=True)
@@ -371,12 +418,14 @@ def burst_after_idle(
             idle_from = time.monotonic()
             time.sleep(idle)
             started = time.monotonic()
-            result = run_wrk(port, burst)
+            result = run_wrk(port, case.seconds, here.attach(here.client))
             ended = time.monotonic()
             log.stop()
             sampler.join()
         used = log.usage(started, ended)
         return {
+            "case": case.name,
+            "tokens": case.tokens,
             "policy": policy or "static",
             "requests": result.requests,
             "p50_ms": result.p50_ms,
@@ -389,7 +438,7 @@ def burst_after_idle(
 
 def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, Any]:
     with scratch() as prefix:
-        with node(policy, watch) as here:
+        with node(policy, Burst("neighbour", RESERVATION, 0.0, burst).config(watch)) as here:
             command, port = nginx_command(prefix)
             web = here.launch("web", RESERVATION, command)
             wait_for(lambda: _answers(port), 20.0)
@@ -417,7 +466,7 @@ def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, 
                 thread.start()
             time.sleep(3.0)
             started = time.monotonic()
-            result = run_wrk(port, burst)
+            result = run_wrk(port, burst, here.attach(here.client))
             ended = time.monotonic()
             for log in logs.values():
                 log.stop()
@@ -445,14 +494,16 @@ def _answers(port: int) -> bool:
         return False
 
 
-def table(burst: list[dict[str, Any]], shared: list[dict[str, Any]]) -> str:
-    static = next(row for row in burst if row["policy"] == "static")
+def burst_table(case: Burst, rows: list[dict[str, Any]]) -> list[str]:
+    static = next(row for row in rows if row["policy"] == "static")
     lines = [
-        "burst after idle (nginx, 150 tokens; static: a 150 % quota)",
+        f"{case.name} (nginx, {case.tokens} tokens, {case.idle:g} s idle, {case.seconds:g} s "
+        f"burst; burst_factor {case.burst_factor:g}, burst_seconds {case.burst_seconds:g}; "
+        f"static: a {case.tokens} % quota)",
         f"{'policy':<14}{'requests':>10}{'vs static':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'p99 / static':>13}{'idle limit %':>14}{'covered after s':>17}",
     ]
-    for row in burst:
+    for row in rows:
         covered = row["covered_after_seconds"]
         idle = row["idle_limit_percent"]
         lines.append(
@@ -461,8 +512,14 @@ def table(burst: list[dict[str, Any]], shared: list[dict[str, Any]]) -> str:
             f"{'unlimited' if idle is None else f'{idle:.1f}':>14}"
             f"{'—' if covered is None else f'{covered:.2f}':>17}"
         )
+    return lines
+
+
+def table(bursts: dict[Burst, list[dict[str, Any]]], shared: list[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for case, rows in bursts.items():
+        lines += [*burst_table(case, rows), ""]
     lines += [
-        "",
         "beside a CPU-bound neighbour (stress-ng --cpu 2, 300 tokens)",
         f"{'policy':<14}{'web requests':>13}{'web p99 ms':>11}{'web cpu %':>10}"
         f"{'neighbour cpu %':>16}{'web share':>10}{'of tokens':>10}",
@@ -494,17 +551,26 @@ def main() -> int:
         print(f"bench-real: cannot run here: {err}", file=sys.stderr)
         return 2
     print(f"machine: {os.cpu_count()} CPUs; period 1 s; watch {args.watch} s", flush=True)
-    static = burst_after_idle(None, args.idle, args.burst, args.watch, None)
-    burst = [static] + [
-        burst_after_idle(policy, args.idle, args.burst, args.watch, static["burst_usage_percent"])
-        for policy in ("kuscale", "kuscale-2022")
-    ]
+    cases = {
+        Burst("burst after idle", RESERVATION, args.idle, args.burst): ("kuscale", "kuscale-2022"),
+        Burst("burst credit", 120, 10.0, 12.0, 0.2, 30.0): ("kuscale",),
+    }
+    bursts = {}
+    for case, policies in cases.items():
+        static = burst_after_idle(None, case, args.watch, None)
+        needed = static["burst_usage_percent"]
+        bursts[case] = [static] + [
+            burst_after_idle(policy, case, args.watch, needed) for policy in policies
+        ]
     shared = [with_neighbour(policy, args.burst, args.watch) for policy in ("kuscale", None)]
-    print(table(burst, shared))
+    print(table(bursts, shared))
     if args.json:
-        args.json.write_text(
-            json.dumps({"burst_after_idle": burst, "with_neighbour": shared}, indent=2) + "\n"
-        )
+        figures = {
+            "burst_after_idle": bursts[next(iter(bursts))],
+            "burst_credit": list(bursts.values())[1],
+            "with_neighbour": shared,
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"figures written to {args.json}")
     return 0
 

@@ -205,9 +205,11 @@ class KuscalePolicy:
 
     def credit_left(self, queue: FloatArray, tokens: FloatArray) -> FloatArray:
         """The share of its token queue a pod still has, 1 where saved credit can never be
-        spent (burst factor 0): the headroom it holds above its demand estimate shrinks with
-        it, so a pod whose budget binds spends its credit on demand first, not on headroom
-        before the peak (the original's objective holds A/2 of it whatever the queue)."""
+        spent (burst factor 0). The headroom a pod holds above its demand estimate shrinks
+        with it: every token held as headroom is one not saved, so a pod whose budget binds
+        spends its credit on demand first, not on headroom before its peak (the original's
+        objective holds A/2 of it whatever the queue). A pod with a full queue holds the
+        original's headroom; a new pod, with none saved yet, holds its estimate."""
         if self.config.burst_factor <= 0:
             return np.ones_like(tokens)
         cap = np.maximum(tokens * self.config.burst_seconds, 1e-9)
