@@ -117,6 +117,17 @@ def test_requests_share_each_device_by_tokens_beside_what_others_reserve(
     assert (directory / "0").read_text() == "2\nother 0.1 1 2048\nbatch 0.2 0.2 1000\n"
 
 
+def test_a_device_reserved_by_others_gives_weighted_clients_request_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = config_dir(tmp_path, "2\nweb 0 0.9 1000\nother 1 1 2048\n")
+    layer = GeminiLayer(directory, ["0"], None)
+    layer.weigh("web", 100.0)
+    layer.commit()
+    assert "web 0 0.9 1000" in (directory / "0").read_text()
+    assert "reserve 1 of a GPU with web" in caplog.text
+
+
 def test_layers_that_keep_or_set_the_minimum_ignore_weights(tmp_path: Path) -> None:
     directory = config_dir(tmp_path)
     for rule in ("keep", "minimum"):

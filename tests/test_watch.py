@@ -356,3 +356,19 @@ def test_a_gpu_client_gone_between_passes_is_skipped() -> None:
     assert "local/notebook" in monitor.registry.running, "the watch leaves that to the tick"
     monitor.tick(node.now)
     assert "local/notebook" not in monitor.registry.running
+
+
+def test_a_gpu_counter_gone_backwards_is_skipped_until_the_next_look() -> None:
+    node, monitor = gpu_node()
+    for _ in range(6):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+    raises = monitor.stats.gpu_fast_raises
+    node.advance(0.1)
+    node.busy_ns[node.row("trainer"), Resource.GPU] = 0.0
+    monitor.watch(node.now)
+    assert monitor.stats.gpu_fast_raises == raises, "no use can be read from a reset counter"
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert monitor.stats.gpu_fast_raises == raises + 1, "the next look measures from it"

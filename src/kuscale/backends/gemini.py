@@ -330,6 +330,13 @@ class GeminiLayer:
         clients = [e for e in entries if isinstance(e, ClientLine)]
         weights = {c.name: self._weights[c.name] for c in clients if c.name in self._weights}
         reserved = sum(c.request for c in clients if c.name not in weights)
+        if weights and reserved >= 1.0:
+            log.warning(
+                "Gemini clients kuscale does not manage reserve %.4g of a GPU with %s: "
+                "its clients get REQUEST 0 (served after every REQUEST is met, up to LIMIT)",
+                reserved,
+                ", ".join(sorted(weights)),
+            )
         return token_requests(weights, reserved)
 
     def _updated(self, entry: ClientLine, weighted: float | None) -> ClientLine:
