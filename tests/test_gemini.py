@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kuscale.backends.base import BackendError, RangeError
@@ -148,6 +148,7 @@ def test_layers_that_keep_or_set_the_minimum_ignore_weights(tmp_path: Path) -> N
     ),
     st.floats(-1.0, 2.0, allow_nan=False),
 )
+@example({"a": 5e-324}, 0.25)  # room × w underflowed, and w / total then gave the whole device
 def test_token_requests_never_promise_more_than_the_device_has(
     weights: dict[str, float], reserved: float
 ) -> None:

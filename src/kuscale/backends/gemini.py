@@ -367,7 +367,7 @@ def token_requests(weights: Mapping[str, float], reserved: float) -> dict[str, f
     if total <= 0:
         return {}
     scale = 10.0**REQUEST_PLACES
-    return {name: math.floor(room * w / total * scale) / scale for name, w in weights.items()}
+    return {name: math.floor(room * (w / total) * scale) / scale for name, w in weights.items()}
 
 
 MIN_SHARE_PERCENT = 0.01
