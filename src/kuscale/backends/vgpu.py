@@ -20,6 +20,8 @@ from kuscale.model import validate_vgpu_id
 RELOAD_FILE = "gemini/resource_conf"
 MAX_PER_MILLE = 1000
 TOTAL_RUNTIME = "total_runtime"
+KEPT_PATHS = 8192
+"""Clients whose `total_runtime` path is kept (a node's pods, with room for churn)."""
 GPU_LIMIT = "gpu_limit"
 GPU_REQUEST = "gpu_request"
 REMOVE_TRIES = 4
@@ -78,6 +80,7 @@ class VgpuLayer(PooledGpus):
         self.root = root
         self.gpus = gpus
         self._dirty = False
+        self._runtimes: dict[str, str] = {}
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """The module takes per-mille: within a twentieth of a point of `limit`."""
@@ -110,6 +113,7 @@ class VgpuLayer(PooledGpus):
         published busy time into it in between (the emulator's flush lands there every
         50 ms, seen in the demo). A file of anyone else's is left, and said."""
         directory = self._dir(vgpu_id)
+        self._runtimes.pop(vgpu_id, None)
         for attempt in range(1, REMOVE_TRIES + 1):
             try:
                 for name in (TOTAL_RUNTIME, GPU_LIMIT, GPU_REQUEST):
@@ -124,7 +128,14 @@ class VgpuLayer(PooledGpus):
             time.sleep(REMOVE_PAUSE_S)
 
     def read(self, vgpu_id: str) -> int:
-        path = self._dir(vgpu_id) / TOTAL_RUNTIME
+        """Busy ns; the file's path is kept per client, as the watch reads it every look."""
+        path = self._runtimes.get(vgpu_id)
+        if path is None:
+            if len(self._runtimes) >= KEPT_PATHS:
+                self._runtimes.clear()
+            path = self._runtimes[vgpu_id] = (
+                f"{client_directory(self.root, vgpu_id)}/{TOTAL_RUNTIME}"
+            )
         return parse_int(read_text(path), path)
 
     def read_limit(self, vgpu_id: str) -> float | None:
