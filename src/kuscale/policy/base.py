@@ -78,7 +78,8 @@ class Starving:
     queue: FloatArray
     """Q per pod as of the last tick: the credit its budget may draw on until the next."""
     limits: FloatArray
-    """The limits each pod holds now, (n, m)."""
+    """(n, m): the CPU limit each pod holds now, and the most it held of the others since the
+    tick (what the period is charged for, which a raise must leave room for)."""
     uses: BoolArray
     capacity: FloatArray
     held: FloatArray
@@ -101,7 +102,8 @@ class GpuLook:
     queue: FloatArray
     """Q per pod as of the last tick."""
     limits: FloatArray
-    """The limits each pod holds now, (n, m)."""
+    """(n, m): the GPU limit each pod holds now, and the most it held of the others since the
+    tick."""
     uses: BoolArray
     usage: FloatArray
     """GPU use since the last look, percent, (n,)."""
