@@ -162,10 +162,9 @@ class GeminiLayer:
         self.weighted = request == "tokens"
         self._cgroups: dict[str, str] = {}
         self._devices: dict[str, int] = {}
-        self._weights: dict[str, float] = {}
+        self._weights = ClientWeights()
         self._staged: dict[str, float | None] = {}
         self._removed: set[str] = set()
-        self._reweighed = False
         self._polled_at = -math.inf
 
     def capacity(self) -> float:
@@ -213,12 +212,8 @@ class GeminiLayer:
         device (none, or 0: kuscale no longer weighs it); ignored unless REQUEST comes from
         tokens."""
         validate_client_name(vgpu_id)
-        if not self.weighted:
-            return
-        before = self._weights.pop(vgpu_id, None)
-        if math.isfinite(tokens) and tokens > 0:
-            self._weights[vgpu_id] = float(tokens)
-        self._reweighed |= self._weights.get(vgpu_id) != before
+        if self.weighted:
+            self._weights.set(vgpu_id, tokens)
 
     def read(self, vgpu_id: str) -> int:
         """Busy ns from NVML, polled once per round of reads: the first read after a commit
@@ -264,13 +259,13 @@ class GeminiLayer:
         self._staged.pop(vgpu_id, None)
         self._cgroups.pop(vgpu_id, None)
         self._devices.pop(vgpu_id, None)
-        self._reweighed |= self._weights.pop(vgpu_id, None) is not None
+        self._weights.drop(vgpu_id)
         self._removed.add(vgpu_id)
 
     def commit(self) -> None:
         """Rewrite each device's file whose text changed, once."""
         self._polled_at = -math.inf
-        if not self._staged and not self._removed and not self._reweighed:
+        if not self._weights.taken() and not self._staged and not self._removed:
             return
         failures = []
         for device, path in enumerate(self.paths):
@@ -280,7 +275,6 @@ class GeminiLayer:
                 failures.append(str(err))
         self._staged.clear()
         self._removed.clear()
-        self._reweighed = False
         if failures:
             raise BackendError("; ".join(failures))
 
@@ -328,7 +322,8 @@ class GeminiLayer:
         if not self.weighted:
             return {}
         clients = [e for e in entries if isinstance(e, ClientLine)]
-        weights = {c.name: self._weights[c.name] for c in clients if c.name in self._weights}
+        tokens = self._weights.tokens
+        weights = {c.name: tokens[c.name] for c in clients if c.name in tokens}
         reserved = sum(c.request for c in clients if c.name not in weights)
         if weights and reserved >= 1.0:
             log.warning(
@@ -352,6 +347,31 @@ class GeminiLayer:
         elif self.request == "minimum":
             request = self.minimum / 100.0
         return ClientLine(entry.name, min(request, fraction), fraction, entry.memory)
+
+
+class ClientWeights:
+    """The tokens of the clients a layer weighs, and whether they changed since the layer
+    last wrote REQUESTs from them: Gemini's files and the simulated Gemini node keep the
+    same book."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, float] = {}
+        self.changed = False
+
+    def set(self, client: str, tokens: float) -> None:
+        """A client's tokens; none, or 0, and it is no longer weighed."""
+        before = self.tokens.pop(client, None)
+        if math.isfinite(tokens) and tokens > 0:
+            self.tokens[client] = float(tokens)
+        self.changed |= self.tokens.get(client) != before
+
+    def drop(self, client: str) -> None:
+        self.changed |= self.tokens.pop(client, None) is not None
+
+    def taken(self) -> bool:
+        """Whether they changed since the last call: the writer's cue to write them."""
+        changed, self.changed = self.changed, False
+        return changed
 
 
 REQUEST_PLACES = 4

@@ -42,7 +42,7 @@ class TickStats:
     fast_raises: int = 0
     """CPU limits the watch raised between ticks."""
     gpu_fast_raises: int = 0
-    """GPU limits the watch raised between ticks (layers without weights)."""
+    """GPU limits the watch raised between ticks."""
     last_tick: float | None = None
     last_duration: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)

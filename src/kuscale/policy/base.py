@@ -156,3 +156,14 @@ class Policy(Protocol):
         """New GPU limits (n,): pinned pods raised, others never above what they hold; None
         for a rule that waits for its tick."""
         ...
+
+
+class WaitsForItsTick:
+    """A rule with no fast path: it acts at its own pace, once a tick, whatever the watch
+    sees between ticks (the original and the baselines)."""
+
+    def raise_starved(self, obs: Starving) -> FloatArray | None:
+        return None
+
+    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
+        return None

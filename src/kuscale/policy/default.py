@@ -159,12 +159,9 @@ class KuscalePolicy:
         capacity × overcommit is given, pod by pod. Never below what a pod holds: the next
         tick re-balances."""
         cpu = Resource.CPU
-        prices = np.where(obs.uses, self.prices, 0.0)
-        budget = self.budget(obs.tokens, obs.queue, obs.period)
-        others = row_sum(prices * obs.limits) - prices[:, cpu] * obs.limits[:, cpu]
-        cap = float(self.upper_bounds(obs.capacity)[cpu])
-        affordable = np.minimum((budget - others) / self.prices[cpu], cap)
-        affordable = np.minimum(affordable, obs.limits[:, cpu] * self.config.fast_growth)
+        affordable = self.fast_ceiling(
+            cpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity
+        )
         wanted = np.maximum(affordable, obs.limits[:, cpu])
         if not obs.weighted[cpu]:
             spare = max(float(obs.capacity[cpu] * self.overcommit[cpu] - obs.held[cpu]), 0.0)
@@ -183,13 +180,10 @@ class KuscalePolicy:
         below their minimum. Pinned pods share that by tokens. Where the layer shares by
         tokens, the raise is the budget's alone, as on the CPU. The next tick re-balances."""
         gpu = Resource.GPU
-        prices = np.where(obs.uses, self.prices, 0.0)
-        budget = self.budget(obs.tokens, obs.queue, obs.period)
         held = obs.limits[:, gpu]
-        others = row_sum(prices * obs.limits) - prices[:, gpu] * held
-        cap = float(self.upper_bounds(obs.capacity)[gpu])
-        affordable = np.minimum((budget - others) / self.prices[gpu], cap)
-        affordable = np.minimum(affordable, held * self.config.fast_growth)
+        affordable = self.fast_ceiling(
+            gpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity
+        )
         wanted = np.where(obs.pinned, np.maximum(affordable - held, 0.0), 0.0)
         if obs.weighted:
             return held + wanted
@@ -202,6 +196,27 @@ class KuscalePolicy:
         )
         rooms = obs.device_capacity * self.overcommit[gpu]
         return rebalance_devices(held, wanted, spare, obs.tokens, obs.device, rooms)
+
+    def fast_ceiling(
+        self,
+        resource: Resource,
+        tokens: FloatArray,
+        queue: FloatArray,
+        period: float,
+        limits: FloatArray,
+        uses: BoolArray,
+        capacity: FloatArray,
+    ) -> FloatArray:
+        """The most one look of the watch may raise `resource` to, per pod: what the budget
+        allows now beside what the pod's other resources are charged for this period (their
+        columns of `limits`), up to the pod's cap and `fast_growth` times what it holds."""
+        prices = np.where(uses, self.prices, 0.0)
+        budget = self.budget(tokens, queue, period)
+        held = limits[:, resource]
+        others = row_sum(prices * limits) - prices[:, resource] * held
+        cap = float(self.upper_bounds(capacity)[resource])
+        affordable = np.minimum((budget - others) / self.prices[resource], cap)
+        return np.asarray(np.minimum(affordable, held * self.config.fast_growth), np.float64)
 
     def credit_left(self, queue: FloatArray, tokens: FloatArray) -> FloatArray:
         """The share of its token queue a pod still has, 1 where saved credit can never be

@@ -9,14 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import (
-    BoolArray,
-    Decision,
-    FloatArray,
-    GpuLook,
-    Observation,
-    Starving,
-)
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, WaitsForItsTick
 from kuscale.rows import row_sum
 from kuscale.tokens import advance_queue
 
@@ -49,7 +42,7 @@ def dynamic_weights(obs: Observation, prices: FloatArray, static_v: float) -> Fl
     return usage_weights(obs.usage, obs.avg_usage, prices, obs.uses)
 
 
-class OriginalPolicy:
+class OriginalPolicy(WaitsForItsTick):
     """`kuscale-2022`: each pod alone maximises Σ_r [A·p_r·x_r − w_r·(x_r − u_r)²]."""
 
     name = "kuscale-2022"
@@ -63,13 +56,6 @@ class OriginalPolicy:
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
         """The original admits every pod; the monitor still refuses a GPU pod without a GPU."""
-        return None
-
-    def raise_starved(self, obs: Starving) -> FloatArray | None:
-        """The original reacts once a period, by its fixed step."""
-        return None
-
-    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
         return None
 
     def decide(self, obs: Observation) -> Decision:

@@ -6,18 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from kuscale.config import PolicyConfig
-from kuscale.policy.base import (
-    BoolArray,
-    Decision,
-    FloatArray,
-    GpuLook,
-    Observation,
-    Starving,
-)
+from kuscale.policy.base import BoolArray, Decision, FloatArray, Observation, WaitsForItsTick
 from kuscale.tokens import advance_queue
 
 
-class TokenBlind:
+class TokenBlind(WaitsForItsTick):
     """What the baselines share: they know nothing of tokens, so they admit every pod, keep
     limits within [minimum, node capacity], and keep a token queue only to charge them for
     what they hold, so the report can show their overspend."""
@@ -31,13 +24,6 @@ class TokenBlind:
     def admit(
         self, tokens: float, uses: BoolArray, capacity: FloatArray, committed: FloatArray
     ) -> str | None:
-        return None
-
-    def raise_starved(self, obs: Starving) -> FloatArray | None:
-        """The baselines act at their own pace: no fast path."""
-        return None
-
-    def raise_pinned_gpu(self, obs: GpuLook) -> FloatArray | None:
         return None
 
     def decision(self, limits: FloatArray, demand: FloatArray, obs: Observation) -> Decision:

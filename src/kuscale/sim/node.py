@@ -22,7 +22,7 @@ import numpy as np
 
 from kuscale.backends.base import CgroupGone
 from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Limits, Positions
-from kuscale.backends.gemini import token_requests
+from kuscale.backends.gemini import ClientWeights, token_requests
 from kuscale.model import CpuCounters, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
 from kuscale.policy.waterfill import water_fill
@@ -310,8 +310,7 @@ class SimGpu:
         self.node = node
         self.weighted = node.gemini and request == "tokens"
         self.minimum = minimum if node.gemini and request == "minimum" else 0.0
-        self._weights: dict[str, float] = {}
-        self._reweighed = False
+        self._weights = ClientWeights()
 
     def capacity(self) -> float:
         return float(self.node.capacity[Resource.GPU])
@@ -326,12 +325,8 @@ class SimGpu:
         """A simulated pod's GPU use is its own row's."""
 
     def weigh(self, vgpu_id: str, tokens: float) -> None:
-        if not self.weighted:
-            return
-        before = self._weights.pop(vgpu_id, None)
-        if np.isfinite(tokens) and tokens > 0:
-            self._weights[vgpu_id] = float(tokens)
-        self._reweighed |= self._weights.get(vgpu_id) != before
+        if self.weighted:
+            self._weights.set(vgpu_id, tokens)
 
     def quantize(self, vgpu_id: str, limit: float, held: float | None) -> float:
         """A simulated GPU holds any share exactly."""
@@ -354,17 +349,17 @@ class SimGpu:
 
     def remove(self, vgpu_id: str) -> None:
         """The pod itself goes with its CPU cgroup; its weight goes now."""
-        self._reweighed |= self._weights.pop(vgpu_id, None) is not None
+        self._weights.drop(vgpu_id)
 
     def commit(self) -> None:
         """Simulated limits take effect at once; REQUESTs by tokens are remade, device by
         device, when the weights changed."""
-        if not self._reweighed:
+        if not self._weights.taken():
             return
-        self._reweighed = False
         node = self.node
-        rows = {name: node.index[name] for name in self._weights if node.present(name)}
+        tokens = self._weights.tokens
+        rows = {name: node.index[name] for name in tokens if node.present(name)}
         for device in range(node.gpus):
-            weights = {n: self._weights[n] for n, r in rows.items() if node.device[r] == device}
+            weights = {n: tokens[n] for n, r in rows.items() if node.device[r] == device}
             for name, fraction in token_requests(weights, 0.0).items():
                 node.request[rows[name]] = fraction * 100.0
