@@ -51,14 +51,19 @@ def budget_holds(monitor: Monitor) -> bool:
     return True
 
 
+def ticked(node: SimNode, monitor: Monitor, periods: int) -> None:
+    """`periods` periods of ticks and watch steps, then the tick that starts the next."""
+    for _ in range(periods):
+        monitor.tick(node.now)
+        run_period(node, monitor, 1.0)
+    monitor.tick(node.now)
+
+
 def test_a_burst_is_met_within_a_few_watch_intervals() -> None:
     """Each look at most doubles the limit (`fast_growth`), within the budget: from under
     30 % a burst to 120 % is met within four looks, 0.4 s."""
     node, monitor = burst_node()
-    for _ in range(5):
-        monitor.tick(node.now)
-        run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
+    ticked(node, monitor, 5)
     web = monitor.registry.running["local/web"].resources[Resource.CPU]
     assert web.limit < 30.0
     raises = monitor.stats.fast_raises
@@ -77,12 +82,7 @@ def test_a_burst_is_met_within_a_few_watch_intervals() -> None:
 
 def test_the_tick_after_a_raise_does_not_count_what_it_answered() -> None:
     node, monitor = burst_node()
-    for _ in range(5):
-        monitor.tick(node.now)
-        run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
-    run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
+    ticked(node, monitor, 6)
     web = monitor.registry.running["local/web"].resources[Resource.CPU]
     assert not web.starved
     assert web.limit >= 0.95 * 120.0, "the period's usage, raises included, is its demand"
@@ -296,13 +296,14 @@ def test_a_v1_node_polls(v1_tree: CgroupV1) -> None:
 GPU_CONFIG = replace(CONFIG, policy_config=replace(CREDIT, burst_factor=0.0))
 
 
-def gpu_node() -> tuple[SimNode, Monitor]:
-    """On the original's vGPU layer (no weights): a trainer at 20 % of the GPU that wants
-    90 % from second 5, beside a notebook that holds headroom it does not use."""
-    node = SimNode(cores=2, gpus=1)
+def gpu_node(gemini: bool = False, config: AgentConfig = GPU_CONFIG) -> tuple[SimNode, Monitor]:
+    """On the original's vGPU layer (no weights), or on Gemini with REQUEST from tokens: a
+    trainer at 20 % of the GPU that wants 90 % from second 5, beside a notebook that holds
+    headroom it does not use."""
+    node = SimNode(cores=2, gpus=1, gemini=gemini)
     node.add("trainer", SimPod(cpu=Schedule.parse("0:10"), gpu=Schedule.parse("0:20,5:90")))
     node.add("notebook", SimPod(cpu=Schedule.parse("0:10"), gpu=Schedule.parse("0:10")))
-    monitor = Monitor(SimCpu(node), SimGpu(node), GPU_CONFIG)
+    monitor = Monitor(SimCpu(node), SimGpu(node), config)
     for name, tokens in (("trainer", 300), ("notebook", 300)):
         spec = PodSpec(name=name, tokens=tokens, cgroup=name, vgpu_id=name, owned=True)
         monitor.submit(PodAdded(spec))
@@ -314,10 +315,7 @@ def test_a_gpu_pinned_at_its_limit_is_raised_within_one_watch_interval() -> None
     what its budget allows beside the CPU limit it holds this period, part of it taken from
     the notebook's unused headroom (never below what the notebook uses plus a margin)."""
     node, monitor = gpu_node()
-    for _ in range(5):
-        monitor.tick(node.now)
-        run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
+    ticked(node, monitor, 5)
     running = monitor.registry.running
     trainer = running["local/trainer"].resources[Resource.GPU]
     notebook = running["local/notebook"].resources[Resource.GPU]
@@ -338,18 +336,30 @@ def test_a_gpu_pinned_at_its_limit_is_raised_within_one_watch_interval() -> None
     assert monitor.stats.gpu_fast_raises == raises + 1, "served now: nothing more to raise"
 
 
-def test_a_gpu_layer_with_weights_is_left_to_them() -> None:
-    node = SimNode(cores=2, gpus=1, gemini=True)
-    monitor = Monitor(SimCpu(node), SimGpu(node), GPU_CONFIG)
-    assert not monitor.watcher.watches_gpu()
+def test_under_gpu_weights_a_raise_is_the_budgets_alone() -> None:
+    """Where the layer shares the device by tokens the watch raises a pinned pod within its
+    budget (with burst credit, so that the tick left it below what it may spend) and takes
+    nothing from the others: limits need not fit the device."""
+    node, monitor = gpu_node(gemini=True, config=CONFIG)
     assert monitor.decider.weighted[Resource.GPU]
+    ticked(node, monitor, 5)
+    running = monitor.registry.running
+    trainer = running["local/trainer"].resources[Resource.GPU]
+    notebook = running["local/notebook"].resources[Resource.GPU]
+    assert monitor.watcher.watches_gpu()
+    held, spare = trainer.limit, notebook.limit
+    raises = monitor.stats.gpu_fast_raises
+    node.advance(0.1)
+    monitor.watch(node.now)
+    assert monitor.stats.gpu_fast_raises == raises + 1
+    assert trainer.limit > held
+    assert notebook.limit == spare, "nothing is taken back under weights"
+    assert budget_holds(monitor)
 
 
 def test_a_gpu_client_gone_between_passes_is_skipped() -> None:
     node, monitor = gpu_node()
-    monitor.tick(node.now)
-    run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
+    ticked(node, monitor, 1)
     node.remove("notebook")
     node.advance(0.1)
     monitor.watch(node.now)
@@ -360,10 +370,7 @@ def test_a_gpu_client_gone_between_passes_is_skipped() -> None:
 
 def test_a_gpu_counter_gone_backwards_is_skipped_until_the_next_look() -> None:
     node, monitor = gpu_node()
-    for _ in range(6):
-        monitor.tick(node.now)
-        run_period(node, monitor, 1.0)
-    monitor.tick(node.now)
+    ticked(node, monitor, 6)
     raises = monitor.stats.gpu_fast_raises
     node.advance(0.1)
     node.busy_ns[node.row("trainer"), Resource.GPU] = 0.0
