@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test-parts lint test demo bench bench-real fuzz soak proto clean
+.PHONY: venv test-parts lint test e2e demo bench bench-real fuzz soak proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ test-parts:
 
 test: lint test-parts
 	$(BIN)/pytest -q
+
+# A real node (etcd, kube-apiserver, kube-scheduler and the kubelet built from the Kubernetes Go
+# modules in e2e/node; containerd, runc and the CNI plugins from Debian) brought up, the
+# end-to-end tests run on it, and everything torn down. `make test` runs them as well; without
+# Go or the module proxy they skip, saying why.
+e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
 
 demo: $(STAMP)
 	$(BIN)/kuscale demo --duration 30 --json demo-summary.json --plot demo.png

@@ -1,0 +1,251 @@
+"""kuscale on the real node, as an operator runs it: the manifests applied, the agent started
+with the credentials the manifests give it, pods made through the API server, and their use
+read from the kubelet's own cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2enode import IMAGE, NODE_NAME, REPO, WORK, Node, free_port, kubeconfig
+from kubernetes.utils import parse_quantity
+
+DEPLOY = REPO / "deploy" / "kubernetes"
+NAMESPACE = "e2e"
+NODE_TOKENS = 1000
+CPU_PRICE = 4.0
+"""Tokens per percent of a core per second on this node: 300 tokens buy 0.75 of a core, so
+budgets bind on two cores."""
+BUSY = ["sh", "-c", "while :; do :; done & while :; do :; done"]
+"""Two busy loops: a pod that would take both cores if nothing held it."""
+REGISTERED = "registered kuscale.com/token"
+AGENT_CONFIG = f"""[agent]
+period = 1.0
+policy = "kuscale"
+
+[resources.cpu]
+price = {CPU_PRICE}
+"""
+
+
+def budget_cores(tokens: int) -> float:
+    return tokens / CPU_PRICE / 100
+
+
+def until(condition: Callable[[], Any], what: str, deadline: float = 90.0) -> Any:
+    """The first truthy answer of `condition`, polled; a missed deadline fails saying what."""
+    end = time.monotonic() + deadline
+    while True:
+        answer = condition()
+        if answer:
+            return answer
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {deadline:.0f} s")
+        time.sleep(0.5)
+
+
+@dataclass
+class Cluster:
+    node: Node
+    agent_kubeconfig: Path
+    agent_config: Path
+
+    @classmethod
+    def prepare(cls, node: Node) -> Cluster:
+        """The base manifests applied for real (no controller manager runs, so the DaemonSet
+        makes no pod), a namespace for the tests' pods, and a token of the agent's service
+        account from the TokenRequest API."""
+        cluster = cls(node, WORK / "agent.kubeconfig", WORK / "agent.toml")
+        cluster.kubectl("apply", "--server-side", "-k", str(DEPLOY / "base"))
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        cluster.kubectl("create", "serviceaccount", "default", "-n", NAMESPACE)
+        token = cluster.kubectl(
+            "create", "token", "kuscale", "-n", "kuscale-system", "--duration=4h"
+        ).strip()
+        cluster.agent_kubeconfig.write_text(
+            kubeconfig(node.server, node.certs.path("ca.crt"), {"token": token})
+        )
+        cluster.agent_config.write_text(AGENT_CONFIG)
+        return cluster
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        done = subprocess.run(
+            ["kubectl", f"--kubeconfig={self.node.admin_kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}")
+        return done.stdout + (done.stderr if not check else "")
+
+    def get(self, kind: str, name: str = "", namespace: str = NAMESPACE) -> dict[str, Any]:
+        answer: dict[str, Any] = json.loads(
+            self.kubectl("get", kind, *([name] if name else []), "-n", namespace, "-o", "json")
+        )
+        return answer
+
+    def node_tokens(self, field: str) -> int:
+        node = self.get("node", NODE_NAME)
+        return int(parse_quantity(node["status"].get(field, {}).get("kuscale.com/token", "0")))
+
+    def create_pod(
+        self, name: str, tokens: int, cpu: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A busy pod asking `tokens`; with `cpu` (request, limit) a Burstable pod whose
+        container declares them."""
+        limits: dict[str, str] = {"kuscale.com/token": str(tokens)}
+        requests: dict[str, str] = {}
+        if cpu is not None:
+            requests["cpu"], limits["cpu"] = cpu
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "busy",
+                        "image": IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": BUSY,
+                        "resources": {"limits": limits, "requests": requests},
+                    }
+                ],
+            },
+        }
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+        return pod
+
+    def running(self, name: str) -> dict[str, Any]:
+        try:
+            pod = until(lambda: self._running(name), f"pod {name} runs", 120)
+        except AssertionError as err:
+            described = self.kubectl("describe", "pod", name, "-n", NAMESPACE, check=False)
+            raise AssertionError(f"{err}:\n{described[-2500:]}") from None
+        assert isinstance(pod, dict)
+        return pod
+
+    def _running(self, name: str) -> dict[str, Any] | None:
+        pod = self.get("pod", name)
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    def delete_pod(self, name: str) -> None:
+        self.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=true", "--timeout=90s")
+
+    def delete_all_pods(self) -> None:
+        self.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=90s")
+
+
+def pod_cgroup(pod: dict[str, Any]) -> Path:
+    """The pod's cgroup in the CPU hierarchy, where the kubelet's cgroupfs driver put it."""
+    qos = {"Burstable": "burstable/", "BestEffort": "besteffort/", "Guaranteed": ""}
+    leaf = f"{qos[str(pod['status']['qosClass'])]}pod{pod['metadata']['uid']}"
+    return Path("/sys/fs/cgroup/cpu/kubepods") / leaf
+
+
+def container_cgroup(pod: dict[str, Any]) -> Path:
+    container_id = str(pod["status"]["containerStatuses"][0]["containerID"]).partition("://")[2]
+    return pod_cgroup(pod) / container_id
+
+
+def quota_cores(cgroup: Path) -> float | None:
+    """The cgroup's CFS quota in cores; None where it has none."""
+    quota = int((cgroup / "cpu.cfs_quota_us").read_text())
+    period = int((cgroup / "cpu.cfs_period_us").read_text())
+    return None if quota < 0 else quota / period
+
+
+def usage_cores(cgroup: Path, window: float) -> float:
+    """Cores used on average over `window` seconds, from the cgroup's own counter."""
+    counter = Path(str(cgroup).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage"
+    before, start = int(counter.read_text()), time.monotonic()
+    time.sleep(window)
+    return (int(counter.read_text()) - before) / 1e9 / (time.monotonic() - start)
+
+
+class Agent:
+    """`kuscale agent --kubernetes` as a process beside the node's kubelet."""
+
+    def __init__(self, cluster: Cluster, *extra: str) -> None:
+        self.cluster = cluster
+        self.metrics = f"127.0.0.1:{free_port()}"
+        self.log = WORK / "logs" / f"agent-{time.monotonic_ns()}.log"
+        self.record = WORK / "agent-record"
+        node = cluster.node
+        self.argv = [
+            sys.executable, "-m", "kuscale", "agent", "--kubernetes",
+            f"--kubeconfig={cluster.agent_kubeconfig}",
+            f"--config={cluster.agent_config}",
+            f"--kubelet-dir={node.device_plugins}",
+            f"--pod-resources-socket={node.pod_resources}",
+            f"--node-name={NODE_NAME}",
+            f"--tokens={NODE_TOKENS}",
+            f"--record-dir={self.record}",
+            f"--metrics-address={self.metrics}",
+            *extra,
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Agent:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(how)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(10)
+
+    def recorded(self) -> list[str]:
+        """The pods whose originals the agent keeps: what it still owes back."""
+        if not self.record.exists():
+            return []
+        return sorted(p.name for p in self.record.glob("*.json"))
+
+
+@contextmanager
+def running_agent(cluster: Cluster, *extra: str) -> Iterator[Agent]:
+    """The agent, once the kubelet has its plugin: the node's status can still show the
+    tokens a stopped agent advertised, and a pod placed by them before the new agent registers
+    is rejected by the kubelet (UnexpectedAdmissionError: no healthy devices)."""
+    agent = Agent(cluster, *extra).start()
+    try:
+        until(lambda: REGISTERED in agent.output() or not agent.alive(), "the plugin registers")
+        until(lambda: cluster.node_tokens("allocatable") == NODE_TOKENS or not agent.alive(),
+              "the node advertises kuscale.com/token", 60)  # fmt: skip
+        assert agent.alive(), agent.output()[-3000:]
+        yield agent
+    finally:
+        agent.stop()
