@@ -7,6 +7,7 @@ import copy
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,41 @@ def test_restore_without_credentials_keeps_the_entry_and_says_why(
     code, _, errors = restore(crashed, False)
     assert code == 1 and "resized through the API server" in errors
     assert len(list(record.entries())) == 1
+
+
+def test_a_resized_pod_declaring_its_new_limit_stays_adopted(cgroups: CgroupV1) -> None:
+    """Found on the real node: the API server declares the limit each resize sets, and the
+    pod came back from discovery as a new pod, was given back and adopted afresh."""
+    api = ResizeApi(trainer())
+    for monitor in managed(api, cgroups):
+        pod = monitor.registry.running["ml/trainer"]
+        declared = replace(pod.spec, declared_cpu=15.0)
+        monitor.submit(PodAdded(declared))
+        monitor.tick(1.0)
+        assert monitor.registry.running["ml/trainer"] is pod
+        assert pod.spec == declared and "ml/trainer" not in monitor.registry.completed
+        given_back = {"name": "app", "resources": {"limits": {"cpu": "1000m"}}}
+        assert all(given_back not in p["body"]["spec"]["containers"] for p in api.patches)
+
+
+def test_an_agent_after_a_crash_gives_back_the_record_not_the_resized_declaration(
+    crashed: ResizeApi,
+    cgroups: CgroupV1,
+    record: OriginalsRecord,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The declared limit wins over a record where the kubelet derived the cgroup from it;
+    where the record's agent resized the pod, the declared limit is that agent's own and the
+    record is not overruled (nor said to be)."""
+    monitor = Monitor(
+        cgroups, None, AgentConfig(), actuator=ResizeActuator(crashed.core), originals=record
+    )
+    spec = PodSpec(
+        name="trainer", namespace="ml", tokens=50, cgroup=CGROUP, uid=UID, declared_cpu=15.0
+    )
+    monitor.submit(PodAdded(spec))
+    monitor.tick(0.0)
+    monitor.restore()
+    assert crashed.limits() == {"app": "1000m", "proxy": "250m"}
+    assert list(record.entries()) == []
+    assert "declared limit is given back" not in caplog.text

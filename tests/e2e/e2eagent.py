@@ -169,12 +169,15 @@ def quota_cores(cgroup: Path) -> float | None:
     return None if quota < 0 else quota / period
 
 
-def usage_cores(cgroup: Path, window: float) -> float:
-    """Cores used on average over `window` seconds, from the cgroup's own counter."""
-    counter = Path(str(cgroup).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage"
-    before, start = int(counter.read_text()), time.monotonic()
+def usage_cores(cgroups: list[Path], window: float) -> list[float]:
+    """Cores each cgroup used on average over the same `window` seconds, from its counter."""
+    counters = [
+        Path(str(cgroup).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage" for cgroup in cgroups
+    ]
+    before, start = [int(c.read_text()) for c in counters], time.monotonic()
     time.sleep(window)
-    return (int(counter.read_text()) - before) / 1e9 / (time.monotonic() - start)
+    elapsed = time.monotonic() - start
+    return [(int(c.read_text()) - b) / 1e9 / elapsed for c, b in zip(counters, before, strict=True)]
 
 
 class Agent:

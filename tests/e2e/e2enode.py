@@ -51,6 +51,8 @@ DEVICE_PLUGINS = KUBELET_HOME / "device-plugins"
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
 CNI_RESULTS = Path("/var/lib/cni/results")
 LOG_TAIL = 30
+KEEP_LOGS_ENV = "KUSCALE_E2E_LOGS"
+"""A directory the node's and the agents' logs are copied to before the teardown."""
 CAP_SYS_RESOURCE = 24
 
 
@@ -318,7 +320,9 @@ def cni_config() -> str:
 
 def kubelet_config(ports: dict[str, int], ca: Path) -> str:
     """The kubelet's settings: the cgroupfs driver on the host's cgroup v1 (1.34 warns and runs
-    on v1), and a 10 s sync so that a resync that rewrites a cgroup shows within a test."""
+    on v1); a 5 s sync (1 min by default), so a resync that would rewrite a cgroup shows
+    within a test; the node's status sent every 2 s (10 s), so a plugin's tokens show in it
+    within seconds."""
     return yaml.safe_dump(
         {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -337,7 +341,9 @@ def kubelet_config(ports: dict[str, int], ca: Path) -> str:
             },
             "authorization": {"mode": "AlwaysAllow"},
             "failSwapOn": False,
-            "syncFrequency": "10s",
+            "syncFrequency": "5s",
+            "nodeStatusUpdateFrequency": "2s",
+            "nodeStatusReportFrequency": "2s",
             "resolvConf": "",
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%"},
             "imageGCHighThresholdPercent": 100,
@@ -571,6 +577,9 @@ class Node:
         for name in ("kubelet", "kube-scheduler", "kube-apiserver", "etcd"):
             if name in self.components:
                 self.components[name].stop()
+        kept = os.environ.get(KEEP_LOGS_ENV)
+        if kept and (WORK / "logs").is_dir():
+            shutil.copytree(WORK / "logs", Path(kept), dirs_exist_ok=True)
         clean_leftovers(self.components.get("containerd"))
 
     def _delete_all_pods(self) -> None:

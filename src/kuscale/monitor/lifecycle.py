@@ -88,9 +88,13 @@ class Lifecycle:
 
     def offer(self, spec: PodSpec, now: float) -> None:
         """A source offers a pod: one running as it was is kept; one whose tokens, cgroup or
-        UID changed is withdrawn and adopted afresh."""
+        UID changed is withdrawn and adopted afresh. A changed declared CPU limit alone is no
+        new pod: the resize actuator changes it with every limit it writes."""
         running = self.registry.running.get(spec.key)
         if running is not None and running.spec != spec:
+            if replace(running.spec, declared_cpu=spec.declared_cpu) == spec:
+                running.spec = spec
+                return
             self.withdraw(running, "replaced: its tokens, cgroup or UID changed")
         self.adopt(spec, now)
 
@@ -272,10 +276,13 @@ class Lifecycle:
                 "pod %s was left by an agent that stopped without giving it back: "
                 "adopted with the originals it recorded; its token queue starts afresh",
             )
+        held = recorded.held
+        if recorded.actuator != "resize":
+            held = self._declared_wins(spec, held)
         return replace(
             recorded,
             launched=False,
-            held=self._declared_wins(spec, recorded.held),
+            held=held,
             shares=current.shares if recorded.shares is None else recorded.shares,
             vgpu_id=current.vgpu_id if recorded.vgpu_id is None else recorded.vgpu_id,
             gpu_limit=current.gpu_limit if recorded.vgpu_id is None else recorded.gpu_limit,
@@ -283,7 +290,9 @@ class Lifecycle:
 
     def _declared_wins(self, spec: PodSpec, held: Held) -> Held:
         """Where the API server declares the pod's CPU limit, that is what the kubelet gives
-        the pod cgroup: it wins over a record that says otherwise."""
+        the pod cgroup: it wins over a record that says otherwise. Not where the record's
+        agent resized the pod: the declared limit is then that agent's, and the record's
+        is the pod's own."""
         declared = spec.declared_cpu
         if declared is None or (held.pod is not None and abs(held.pod - declared) < 0.5):
             return held
