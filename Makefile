@@ -17,6 +17,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench fuzz
 	$(BIN)/ruff format --check src tests bench fuzz
 	$(BIN)/mypy
+	@if command -v gofmt >/dev/null; then test -z "$$(gofmt -l e2e/node)" \
+		|| { echo "gofmt would change:"; gofmt -l e2e/node; exit 1; }; fi
 
 # What tests run that no pip package carries: qemu, a generic kernel and busybox for the cgroup
 # v2 VM. Installed from Debian when root and missing; without them those tests skip, saying why.

@@ -1,0 +1,65 @@
+"""The node's harness where it fails: a component that dies shows its own last lines, and what
+no run of the harness made is refused, never cleaned. These need no node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import e2enode
+import pytest
+from e2enode import Component, ComponentFailed, NodeUnavailable, clean_leftovers, wait_for
+
+
+def test_a_component_that_dies_fails_with_its_last_log_lines(tmp_path: Path) -> None:
+    dying = Component(
+        "kube-apiserver",
+        ["sh", "-c", "echo 'E1207 the etcd it was given does not answer'; exit 3"],
+        tmp_path / "kube-apiserver.log",
+    )
+    dying.start()
+    with pytest.raises(ComponentFailed) as failed:
+        wait_for(lambda: False, "the API server is ready", dying, deadline=60)
+    assert "kube-apiserver exited with 3" in str(failed.value)
+    assert "the etcd it was given does not answer" in str(failed.value)
+
+
+def test_a_missed_deadline_names_what_was_awaited(tmp_path: Path) -> None:
+    idle = Component("etcd", ["sleep", "60"], tmp_path / "etcd.log")
+    idle.start()
+    try:
+        with pytest.raises(ComponentFailed, match="etcd is healthy: not within 1 s"):
+            wait_for(lambda: False, "etcd is healthy", idle, deadline=1)
+    finally:
+        idle.stop()
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The harness pointed at a scratch tree instead of this machine's paths."""
+    monkeypatch.setattr(e2enode, "WORK", tmp_path / "work")
+    monkeypatch.setattr(e2enode, "MARKER", tmp_path / "work" / "made-by-kuscale-e2e")
+    monkeypatch.setattr(e2enode, "CGROUP_ROOT", tmp_path / "cgroup")
+    monkeypatch.setattr(e2enode, "DEVICE_PLUGINS", tmp_path / "kubelet" / "device-plugins")
+    (tmp_path / "cgroup" / "cpu").mkdir(parents=True)
+    return tmp_path
+
+
+def test_kubepods_no_run_made_are_refused(elsewhere: Path) -> None:
+    (elsewhere / "cgroup" / "cpu" / "kubepods").mkdir()
+    with pytest.raises(NodeUnavailable, match="a kubelet may be running"):
+        clean_leftovers()
+    assert (elsewhere / "cgroup" / "cpu" / "kubepods").is_dir()
+
+
+def test_a_kubelet_socket_no_run_made_is_refused(elsewhere: Path) -> None:
+    (elsewhere / "kubelet" / "device-plugins").mkdir(parents=True)
+    (elsewhere / "kubelet" / "device-plugins" / "kubelet.sock").touch()
+    with pytest.raises(NodeUnavailable, match="a kubelet may be running"):
+        clean_leftovers()
+
+
+def test_a_work_directory_no_run_made_is_refused(elsewhere: Path) -> None:
+    (elsewhere / "work").mkdir()
+    with pytest.raises(NodeUnavailable, match="no e2e run made it"):
+        clean_leftovers()
+    assert (elsewhere / "work").is_dir()
