@@ -13,9 +13,10 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
-from e2eagent import Cluster
-from e2enode import ComponentFailed, Node, NodeUnavailable, build_components, release
-from e2enode import install_debian_packages as install_node_packages
+
+from e2e.e2eagent import Cluster
+from e2e.e2enode import ComponentFailed, Node, NodeUnavailable, build_components, release
+from e2e.e2enode import install_debian_packages as install_node_packages
 
 E2E = Path(__file__).resolve().parent
 _outcome: dict[str, str] = {}

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2enode import IMAGE, NODE_NAME, REPO, WORK, Node, free_port, kubeconfig
 from kubernetes.utils import parse_quantity
+
+from e2e.e2enode import IMAGE, NODE_NAME, REPO, WORK, Node, free_port, kubeconfig
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 NAMESPACE = "e2e"

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ociimage
 import yaml
+
+from e2e import ociimage
 
 REPO = Path(__file__).resolve().parents[2]
 GO_PROGRAM = REPO / "e2e" / "node"

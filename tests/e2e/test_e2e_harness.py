@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import e2enode
 import pytest
-from e2enode import Component, ComponentFailed, NodeUnavailable, clean_leftovers, wait_for
+
+from e2e import e2enode
+from e2e.e2enode import Component, ComponentFailed, NodeUnavailable, clean_leftovers, wait_for
 
 
 def test_a_component_that_dies_fails_with_its_last_log_lines(tmp_path: Path) -> None:

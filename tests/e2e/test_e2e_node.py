@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from e2eagent import (
+
+from e2e.e2eagent import (
     DEPLOY,
     NAMESPACE,
     NODE_TOKENS,
@@ -22,7 +23,7 @@ from e2eagent import (
     until,
     usage_cores,
 )
-from e2enode import NODE_NAME
+from e2e.e2enode import NODE_NAME
 
 AGENT = "system:serviceaccount:kuscale-system:kuscale"
 NODE_MEMORY_BUDGET = 4 << 30
