@@ -1,5 +1,6 @@
-"""The real node for the end-to-end tests: built, started once for the session, torn down at
-its end, on Ctrl-C or SIGTERM; and the line `make e2e` ends with."""
+"""The real node for the end-to-end tests: built, started once for this folder's tests, torn
+down after the last of them (so the rest of `make test` runs without it), on Ctrl-C or on
+SIGTERM; and the line `make e2e` ends with."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _interrupted(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node() -> Iterator[Node]:
     if os.geteuid() != 0:
         _skip("the node's kubelet and containerd need root")
@@ -55,7 +56,7 @@ def node() -> Iterator[Node]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(node: Node) -> Cluster:
     """The node with kuscale's manifests applied and the agent's own credentials."""
     return Cluster.prepare(node)

@@ -91,6 +91,8 @@ def build_components() -> Path:
     cache makes a rebuild after a change cost seconds."""
     if shutil.which("go") is None:
         raise NodeUnavailable("Go is not installed: the Kubernetes components cannot be built")
+    if shutil.which("kubectl") is None:
+        raise NodeUnavailable("kubectl is not installed: the tests apply manifests with it")
     sources = [*sorted(GO_PROGRAM.glob("*.go")), GO_PROGRAM / "go.mod", GO_PROGRAM / "go.sum"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kuscale-e2e"
@@ -363,7 +365,6 @@ class Node:
     binary: Path
     ports: dict[str, int] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
-    netns_before: set[str] = field(default_factory=set)
 
     @property
     def certs(self) -> Certificates:
@@ -402,7 +403,6 @@ class Node:
                 }
             )
         )
-        self.netns_before = _netns()
         self.ports = {
             name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "kubelet")
         }

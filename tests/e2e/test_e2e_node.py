@@ -27,7 +27,7 @@ from e2e.e2enode import NODE_NAME
 
 AGENT = "system:serviceaccount:kuscale-system:kuscale"
 NODE_MEMORY_BUDGET = 4 << 30
-WINDOW = 10.0
+WINDOW = 6.0
 """Seconds of use averaged in each measurement: long enough that a busy machine's noise
 averages out, short enough for the warm run's five minutes."""
 
