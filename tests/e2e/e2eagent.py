@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from e2e.e2enode import IMAGE, NODE_NAME, REPO, WORK, Node, free_port, kubeconfig
+from e2e.e2enode import IMAGE, NODE_NAME, REPO, WORK, Component, Node, free_port, kubeconfig
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 NAMESPACE = "e2e"
@@ -202,17 +202,15 @@ class Agent:
             f"--metrics-address={self.metrics}",
             *extra,
         ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.component = Component("agent", self.argv, self.log, env=env)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.component.process
 
     def start(self) -> Agent:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        self.component.start()
         return self
 
     def output(self) -> str:

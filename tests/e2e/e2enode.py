@@ -25,6 +25,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,8 @@ class Component:
     name: str
     argv: list[str]
     log: Path
+    env: dict[str, str] | None = None
+    """The process's whole environment; None: this one's."""
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -165,6 +168,7 @@ class Component:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=self.env,
             )
 
     def tail(self) -> str:
@@ -487,13 +491,15 @@ class Node:
             ],
         )  # fmt: skip
         wait_for(
-            lambda: _http_ok(f"{self.server}/readyz", self.tls()),
+            lambda: _http_ok(f"{self.server}/readyz", self.tls),
             "the API server is ready",
             apiserver,
             180,
         )
 
+    @cached_property
     def tls(self) -> ssl.SSLContext:
+        """The administrator's TLS context, made once: every poll and request uses it."""
         context = ssl.create_default_context(cafile=str(self.certs.path("ca.crt")))
         context.load_cert_chain(self.certs.path("admin.crt"), self.certs.path("admin.key"))
         return context
@@ -546,7 +552,7 @@ class Node:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def get(self, path: str) -> dict[str, Any]:
-        with urllib.request.urlopen(self.server + path, context=self.tls(), timeout=10) as reply:
+        with urllib.request.urlopen(self.server + path, context=self.tls, timeout=10) as reply:
             answer: dict[str, Any] = json.load(reply)
             return answer
 

@@ -122,11 +122,7 @@ def test_a_deleted_pod_is_completed_and_forgotten(pods: Cluster) -> None:
 
 
 def test_sigterm_gives_back_every_limit(pods: Cluster) -> None:
-    with running_agent(pods, "--monitor-only") as watching:
-        pods.create_pod("given-back", 200)
-        pod = pods.running("given-back")
-        before = _cgroup_state(pod)
-        watching.stop()
+    pod, before = _placed_untouched(pods, "given-back")
     with running_agent(pods) as agent:
         until(lambda: held(pod) is not None, "the agent holds the pod")
         assert agent.stop(signal.SIGTERM) == 0
@@ -135,11 +131,7 @@ def test_sigterm_gives_back_every_limit(pods: Cluster) -> None:
 
 
 def test_sigkill_then_a_new_agent_adopts_and_gives_back(pods: Cluster) -> None:
-    with running_agent(pods, "--monitor-only") as watching:
-        pods.create_pod("crashed", 200)
-        pod = pods.running("crashed")
-        before = _cgroup_state(pod)
-        watching.stop()
+    pod, before = _placed_untouched(pods, "crashed")
     with running_agent(pods) as first:
         until(lambda: held(pod) is not None, "the agent holds the pod")
         first.stop(signal.SIGKILL)
@@ -153,6 +145,17 @@ def test_sigkill_then_a_new_agent_adopts_and_gives_back(pods: Cluster) -> None:
         assert second.stop(signal.SIGTERM) == 0
     assert _cgroup_state(pod) == before
     assert second.recorded() == []
+
+
+def _placed_untouched(cluster: Cluster, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A running pod and its cgroups as the kubelet made them: an agent that writes nothing
+    advertises the tokens it needs to be placed, and is gone before the test's agent."""
+    with running_agent(cluster, "--monitor-only") as watching:
+        cluster.create_pod(name, 200)
+        pod = cluster.running(name)
+        before = _cgroup_state(pod)
+        watching.stop()
+    return pod, before
 
 
 def _cgroup_state(pod: dict[str, Any]) -> dict[str, str]:
