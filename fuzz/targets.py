@@ -37,7 +37,9 @@ from kuscale.backends.gemini import GeminiLayer
 from kuscale.backends.hami import READY as HAMI_READY
 from kuscale.backends.hami import REGION_BYTES, parse_region
 from kuscale.backends.pressure import parse_pressure
-from kuscale.cli import CliError, _config, _sim_scenario, build_parser, main
+from kuscale.cli import build_parser, main
+from kuscale.cli.shared import CliError, agent_config
+from kuscale.cli.sim import sim_scenario
 from kuscale.config import AgentConfig, ConfigError, config_from_mapping
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin.plugin import TokenPlugin
@@ -166,9 +168,9 @@ def cli_target(argv: tuple[str, list[str]]) -> None:
             return
         with contextlib.suppress(CliError, ConfigError, ScenarioError):
             if command == "sim":
-                _sim_scenario(args)
+                sim_scenario(args)
             elif command in ("agent", "demo"):
-                _config(args)
+                agent_config(args)
 
 
 CLI = st.tuples(st.sampled_from(["agent", "demo", "sim"]), ARGUMENTS).map(
