@@ -1,8 +1,8 @@
 """Scenarios: a node, a run length, a seed and pods with tokens and demand over time.
 
 Shipped scenarios live as YAML files next to this module; users write their own in the same
-format (README, "Simulator"). Every random draw comes from the scenario's seed, one stream
-per pod, so the same seed gives the same demand bit for bit.
+format (docs/simulator.md, "Scenarios"). Every random draw comes from the scenario's seed, one
+stream per pod, so the same seed gives the same demand bit for bit.
 """
 
 from __future__ import annotations
