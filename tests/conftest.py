@@ -3,6 +3,7 @@ them, and trees shaped like the kernel's files."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,18 @@ from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
 from kuscale.local.statedir import StateDir
 from kuscale.policy.base import Observation
+
+
+@pytest.fixture(autouse=True)
+def root_logger_restored() -> Iterator[None]:
+    """A test that calls `main()` in process installs the CLI's log handler, bound to the
+    stderr of that moment: pytest's capture, closed once the test ends. Left in place, every
+    later record, from any thread, fails with `--- Logging error ---`."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
