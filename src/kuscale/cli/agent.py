@@ -16,8 +16,7 @@ from kuscale.cli.shared import (
     CliError,
     SubParsers,
     add_agent_options,
-    add_kubelet_dir,
-    add_pod_resources_socket,
+    add_kubelet_path,
     agent_config,
     node_tokens,
     record_dir,
@@ -84,8 +83,8 @@ def add_parser(sub: SubParsers) -> None:
 def _add_kubelet_options(agent: argparse.ArgumentParser) -> None:
     """Where `agent --kubernetes` finds the kubelet and the API server."""
     agent.add_argument("--kubeconfig", type=Path, help="default: the in-cluster account")
-    add_kubelet_dir(agent)
-    add_pod_resources_socket(agent)
+    add_kubelet_path(agent, "--kubelet-dir")
+    add_kubelet_path(agent, "--pod-resources-socket")
     agent.add_argument(
         "--tokens",
         type=int,

@@ -12,8 +12,7 @@ from pathlib import Path
 from kuscale.cli.shared import (
     CliError,
     SubParsers,
-    add_kubelet_dir,
-    add_pod_resources_socket,
+    add_kubelet_path,
     node_tokens,
 )
 from kuscale.config import load_config
@@ -30,7 +29,7 @@ def add_parsers(sub: SubParsers) -> None:
 def _add_deviceplugin_parser(sub: SubParsers) -> None:
     plugin = sub.add_parser("deviceplugin", help="advertise the node's tokens to the kubelet")
     plugin.set_defaults(handler=cmd_deviceplugin)
-    add_kubelet_dir(plugin)
+    add_kubelet_path(plugin, "--kubelet-dir")
     plugin.add_argument(
         "--tokens",
         type=int,
@@ -45,7 +44,7 @@ def _add_token_pods_parser(sub: SubParsers) -> None:
         "token-pods", help="the pods on this node the kubelet gave tokens, and how many"
     )
     token_pods.set_defaults(handler=cmd_token_pods)
-    add_pod_resources_socket(token_pods)
+    add_kubelet_path(token_pods, "--pod-resources-socket")
     token_pods.add_argument("--node", help="also ask the API server for this node's pods")
     token_pods.add_argument(
         "--kubeconfig", type=Path, help="with --node (default: the in-cluster account)"

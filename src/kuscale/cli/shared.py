@@ -57,22 +57,19 @@ def record_dir(args: argparse.Namespace) -> Path:
     return KUBERNETES_RECORD_DIR
 
 
-def add_kubelet_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kubelet-dir",
-        type=Path,
-        default=DEVICE_PLUGIN_DIR,
-        help="the kubelet's device-plugin directory (its kubelet.sock is there)",
-    )
+KUBELET_PATHS = {
+    "--kubelet-dir": (
+        DEVICE_PLUGIN_DIR,
+        "the kubelet's device-plugin directory (its kubelet.sock is there)",
+    ),
+    "--pod-resources-socket": (POD_RESOURCES_SOCKET, "the kubelet's pod-resources API"),
+}
+"""Where the commands that speak to a kubelet find it: option → (default, help)."""
 
 
-def add_pod_resources_socket(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--pod-resources-socket",
-        type=Path,
-        default=POD_RESOURCES_SOCKET,
-        help="the kubelet's pod-resources API",
-    )
+def add_kubelet_path(parser: argparse.ArgumentParser, option: str) -> None:
+    default, help_text = KUBELET_PATHS[option]
+    parser.add_argument(option, type=Path, default=default, help=help_text)
 
 
 def add_agent_options(parser: argparse.ArgumentParser) -> None:
