@@ -454,25 +454,39 @@ class Node:
         archive.write_bytes(ociimage.image_archive(Path(busybox), [IMAGE, PAUSE_IMAGE]))
         self.ctr("images", "import", str(archive))
 
+    def _launch_hosted(self, name: str, flags: list[str]) -> Component:
+        """One of the components the node's Go program hosts, run as its own process."""
+        return self._launch(name, [str(self.binary), name, *flags])
+
+    def _start_serving(
+        self,
+        name: str,
+        flags: list[str],
+        health: str,
+        tls: ssl.SSLContext | None,
+        what: str,
+        deadline: float,
+    ) -> None:
+        """A hosted component, up once its health URL answers 200."""
+        component = self._launch_hosted(name, flags)
+        wait_for(lambda: _http_ok(health, tls), what, component, deadline)
+
     def _start_etcd(self) -> None:
-        etcd = self._launch(
+        self._start_serving(
             "etcd",
             [
-                str(self.binary), "etcd",
                 f"--data-dir={WORK}/etcd",
                 f"--listen-client-url=http://127.0.0.1:{self.ports['etcd']}",
                 f"--listen-peer-url=http://127.0.0.1:{self.ports['etcd-peer']}",
             ],
+            f"http://127.0.0.1:{self.ports['etcd']}/health", None, "etcd is healthy", 60,
         )  # fmt: skip
-        url = f"http://127.0.0.1:{self.ports['etcd']}/health"
-        wait_for(lambda: _http_ok(url, None), "etcd is healthy", etcd, 60)
 
     def _start_apiserver(self) -> None:
         certs = self.certs
-        apiserver = self._launch(
+        self._start_serving(
             "kube-apiserver",
             [
-                str(self.binary), "kube-apiserver",
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
@@ -489,13 +503,8 @@ class Node:
                 "--allow-privileged=true",
                 f"--cert-dir={WORK}/pki/generated",
             ],
+            f"{self.server}/readyz", self.tls, "the API server is ready", 180,
         )  # fmt: skip
-        wait_for(
-            lambda: _http_ok(f"{self.server}/readyz", self.tls),
-            "the API server is ready",
-            apiserver,
-            180,
-        )
 
     @cached_property
     def tls(self) -> ssl.SSLContext:
@@ -505,10 +514,9 @@ class Node:
         return context
 
     def _start_scheduler(self) -> None:
-        scheduler = self._launch(
+        self._start_serving(
             "kube-scheduler",
             [
-                str(self.binary), "kube-scheduler",
                 f"--kubeconfig={WORK}/scheduler.kubeconfig",
                 f"--authentication-kubeconfig={WORK}/scheduler.kubeconfig",
                 f"--authorization-kubeconfig={WORK}/scheduler.kubeconfig",
@@ -516,9 +524,9 @@ class Node:
                 f"--secure-port={self.ports['scheduler']}",
                 "--leader-elect=false",
             ],
+            f"https://127.0.0.1:{self.ports['scheduler']}/healthz", _insecure(),
+            "the scheduler is healthy", 120,
         )  # fmt: skip
-        url = f"https://127.0.0.1:{self.ports['scheduler']}/healthz"
-        wait_for(lambda: _http_ok(url, _insecure()), "the scheduler is healthy", scheduler, 120)
 
     def _start_kubelet(self) -> None:
         (WORK / "kubelet.yaml").write_text(kubelet_config(self.ports, self.certs.path("ca.crt")))
@@ -534,10 +542,9 @@ class Node:
         return _run(["kubectl", f"--kubeconfig={self.admin_kubeconfig}", *args])
 
     def launch_kubelet(self) -> Component:
-        return self._launch(
+        return self._launch_hosted(
             "kubelet",
             [
-                str(self.binary), "kubelet",
                 f"--config={WORK}/kubelet.yaml",
                 f"--kubeconfig={WORK}/kubelet.kubeconfig",
                 f"--root-dir={self.kubelet_dir}",
