@@ -276,25 +276,24 @@ class Lifecycle:
                 "pod %s was left by an agent that stopped without giving it back: "
                 "adopted with the originals it recorded; its token queue starts afresh",
             )
-        held = recorded.held
-        if recorded.actuator != "resize":
-            held = self._declared_wins(spec, held)
         return replace(
             recorded,
             launched=False,
-            held=held,
+            held=self._declared_wins(spec, recorded),
             shares=current.shares if recorded.shares is None else recorded.shares,
             vgpu_id=current.vgpu_id if recorded.vgpu_id is None else recorded.vgpu_id,
             gpu_limit=current.gpu_limit if recorded.vgpu_id is None else recorded.gpu_limit,
         )
 
-    def _declared_wins(self, spec: PodSpec, held: Held) -> Held:
+    def _declared_wins(self, spec: PodSpec, recorded: Original) -> Held:
         """Where the API server declares the pod's CPU limit, that is what the kubelet gives
         the pod cgroup: it wins over a record that says otherwise. Not where the record's
         agent resized the pod: the declared limit is then that agent's, and the record's
         is the pod's own."""
-        declared = spec.declared_cpu
-        if declared is None or (held.pod is not None and abs(held.pod - declared) < 0.5):
+        held, declared = recorded.held, spec.declared_cpu
+        if recorded.actuator == "resize" or declared is None:
+            return held
+        if held.pod is not None and abs(held.pod - declared) < 0.5:
             return held
         pod_event(
             spec,
