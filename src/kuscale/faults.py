@@ -5,8 +5,10 @@ A crash at a random moment rarely lands in the short window between two steps (a
 made but its quota not yet recorded, a limit given back but its entry not yet dropped), so
 the test harness names the window instead: `KUSCALE_FAULT=POINT[:N[:ACTION]]` makes the
 process that passes POINT for the Nth time (default 1) send itself SIGKILL (`kill`, the
-default) or SIGTERM (`term`, a clean stop asked at that moment). Unset, `reached` is one
-comparison with None. A deployed agent runs in a Kubernetes pod, and there the variable is
+default), SIGTERM (`term`, a clean stop asked at that moment) or SIGSTOP (`pause`: held
+there, whatever locks it holds, until a SIGCONT, so that a second process can be made to
+act while the first one is between two steps). Unset, `reached` is one comparison with
+None. A deployed agent runs in a Kubernetes pod, and there the variable is
 refused: a fault point is for tests only.
 """
 
@@ -42,7 +44,7 @@ POINTS: dict[str, str] = {
     "restore.given_back": "`kuscale restore` gave one entry back",
     "restore.dropped": "`kuscale restore` dropped that entry",
 }
-ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "pause": signal.SIGSTOP}
 
 
 class FaultError(ValueError):
