@@ -4,16 +4,23 @@ given back by `kuscale restore`; a record that cannot be written refuses the pod
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 
+from kuscale import originals
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.cli import main
 from kuscale.config import AgentConfig
+from kuscale.local.launch import born_within_budget
+from kuscale.local.statedir import StateDir
 from kuscale.model import ContainerLimit, Held, Original, PodSpec, PodStatus, Resource
 from kuscale.monitor import RECORD_GRACE, Monitor, PodAdded
 from kuscale.originals import OriginalsRecord, RecordBusy, RecordError
@@ -283,3 +290,115 @@ def test_a_stop_sweeps_the_record_even_where_the_launch_lock_cannot_be_made(
     Monitor(cgroups, None, CONFIG, originals=record).restore()
     assert cgroups.read_limit("pods/web") is None
     assert "going on without" in caplog.text
+
+
+def launched_into(tmp_path: Path) -> tuple[StateDir, CgroupV1, PodSpec]:
+    """A state dir and a fresh fixture cgroup, as `kuscale launch` has them at its record."""
+    state = StateDir(tmp_path / "state").ensure()
+    return state, v1_pod(tmp_path / "tree"), replace(SPEC, namespace="local")
+
+
+def test_a_launch_with_no_agent_writes_nothing_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state, cgroups, spec = launched_into(tmp_path)
+    born_within_budget(state, cgroups, spec)
+    assert cgroups.read_limit(spec.cgroup) is None
+    assert cgroups.read_shares(spec.cgroup) == 1024
+    assert list(OriginalsRecord(state.originals).entries()) == []
+    assert "runs unlimited until an agent adopts it" in caplog.text
+
+
+def test_a_launch_beside_a_live_agent_is_recorded_then_born_within_budget(
+    tmp_path: Path,
+) -> None:
+    state, cgroups, spec = launched_into(tmp_path)
+    agent = OriginalsRecord(state.originals)
+    agent.lock()
+    born_within_budget(state, cgroups, spec)
+    assert cgroups.read_limit(spec.cgroup) == pytest.approx(30.0)
+    assert [o.key for o in agent.entries()] == [spec.key]
+
+
+def test_after_a_stop_gives_the_record_back_a_launch_finds_no_agent(tmp_path: Path) -> None:
+    """The stop lets go of the record inside the launch lock: a launch right after the
+    sweep must not take the stopping agent for a live one and write a quota no one gives
+    back."""
+    state, cgroups, spec = launched_into(tmp_path)
+    record = OriginalsRecord(state.originals)
+    record.lock()
+    Monitor(cgroups, None, CONFIG, originals=record).restore()
+    assert not OriginalsRecord(state.originals).busy()
+    born_within_budget(state, cgroups, spec)
+    assert cgroups.read_limit(spec.cgroup) is None
+
+
+def test_launches_in_flight_never_wait_for_one_another(tmp_path: Path) -> None:
+    agent, launches = OriginalsRecord(tmp_path), OriginalsRecord(tmp_path)
+    agent.lock()
+    with launches.launch_section() as first, launches.launch_section() as second:
+        assert first and second
+
+
+def hold_launch_lock(directory: Path) -> subprocess.Popen[str]:
+    """A process holding the launch lock shared, as a launch between its record and quota."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
+            str(directory / "launch.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_lock_left_by_a_killed_launch_holds_up_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record").ensure()
+    record.save(LAUNCHED)
+    holder = hold_launch_lock(record.directory)
+    holder.kill()
+    holder.wait()
+    Monitor(cgroups, None, CONFIG, originals=record).restore()
+    assert cgroups.read_limit("pods/web") is None
+    assert "in flight" not in caplog.text
+
+
+def test_a_launch_stopped_in_its_section_holds_a_stop_only_so_long(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch stopped between its record and its quota (Ctrl-Z) delays a stop by at most
+    LAUNCH_WAIT; then the record is given back anyway, and the log says what may stay."""
+    monkeypatch.setattr(originals, "LAUNCH_WAIT", 0.3)
+    cgroups = v1_pod(tmp_path / "tree", quota="30000\n")
+    record = OriginalsRecord(tmp_path / "record").ensure()
+    record.save(LAUNCHED)
+    holder = hold_launch_lock(record.directory)
+    try:
+        holder.send_signal(signal.SIGSTOP)
+        Monitor(cgroups, None, CONFIG, originals=record).restore()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cgroups.read_limit("pods/web") is None
+    assert "in flight" in caplog.text
+    assert "giving the record back without it" in caplog.text
+
+
+def test_a_launch_behind_a_stop_that_hangs_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(originals, "LAUNCH_WAIT", 0.3)
+    state, cgroups, spec = launched_into(tmp_path)
+    OriginalsRecord(state.originals).lock()
+    with OriginalsRecord(state.originals).launches_held():
+        born_within_budget(state, cgroups, spec)
+    assert cgroups.read_limit(spec.cgroup) is None

@@ -6,8 +6,10 @@ SIGKILL, the OOM killer, an upgrade — the next agent, or `kuscale restore`, ca
 workload back what it had. A file is written whole (temporary file, fsync, rename, fsync of
 the directory), so a crash during a write leaves the old entry or the new one, never half.
 
-The running agent holds an exclusive lock on `DIR/lock` for its lifetime; `kuscale restore`
-refuses while it is held, so two writers never give back and take over the same pod.
+The running agent holds an exclusive lock on `DIR/lock` until its stop has given the record
+back; `kuscale restore` refuses while it is held, so two writers never give back and take
+over the same pod, and `kuscale launch` writes a quota only while it is held (see
+`launch_section`), so no launch leaves a quota that no agent will give back.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +44,13 @@ log = logging.getLogger("kuscale.originals")
 _ENTRY = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?_[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.json$")
 _CGROUP_PART = re.compile(r"^[A-Za-z0-9_.:@+-]+$")
 ACTUATORS = ("cgroup", "resize")
+LAUNCH_LOCK = "launch.lock"
+LAUNCH_WAIT = 10.0
+"""Seconds a stop or `kuscale restore` waits for launches in flight (a launch holds the lock
+for two file writes): well inside the 30 s a kubelet or systemd grants a stop by default."""
+WAITING_FOR_LAUNCH = "waiting up to %.0f s for a `kuscale launch` in flight on %s"
+PROBE_WAIT = 0.5
+LOCK_RETRY = 0.01
 
 
 class RecordError(OSError):
@@ -66,14 +76,14 @@ class OriginalsRecord:
     # The lock.
 
     def lock(self) -> None:
-        """Hold the record for this process (released when it exits, however it exits)."""
+        """Hold the record for this process (released when it exits, however it exits, or by
+        `unlock`). A launch's probe (`busy`) holds it shared for microseconds, so a lock
+        that is taken is tried again for PROBE_WAIT before it is called busy."""
         self.ensure()
         fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock_within(fd, PROBE_WAIT):
             os.close(fd)
-            raise RecordBusy(f"an agent is running on {self.directory}") from None
+            raise RecordBusy(f"an agent is running on {self.directory}")
         self._lock_fd = fd
 
     def unlock(self) -> None:
@@ -82,33 +92,73 @@ class OriginalsRecord:
             self._lock_fd = None
 
     @contextmanager
-    def launching(self) -> Iterator[None]:
+    def launch_section(self) -> Iterator[bool]:
         """Held by `kuscale launch` from recording a new cgroup's originals to writing its
-        first quota, and by a stop or `kuscale restore` while it gives the record back: a
-        give-back never falls between the two and leaves the launch's quota behind. A lock
-        that cannot be made is logged and gone without: a stop still gives back."""
-        path = self.directory / "launch.lock"
+        first quota, shared, so launches never wait for one another; it yields whether an
+        agent holds the record at that moment. A stop gives the record back under
+        `launches_held` and lets go of the record before it lets go of that, so a launch that
+        sees a live agent here is given back by that agent's stop (or adopted by the next
+        agent, after a crash), and a launch that sees none must write nothing. A lock file
+        that cannot be made raises RecordError: the launch refuses before any write. One
+        that a stop holds past LAUNCH_WAIT (a stopping agent that hangs) is taken as no agent:
+        writing nothing is always safe."""
+        fd = self._open_launch_lock()
         try:
-            self.ensure()
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            log.warning("going on without %s: %s", path, err)
+            if _flock_within(fd, LAUNCH_WAIT, fcntl.LOCK_SH):
+                yield self.busy()
+            else:
+                log.warning("%s held past %.0f s", self.directory / LAUNCH_LOCK, LAUNCH_WAIT)
+                yield False
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def launches_held(self) -> Iterator[None]:
+        """Held by a stopping agent and by `kuscale restore` while they give the record back,
+        so no launch falls between recording a cgroup and writing its first quota. Launches
+        in flight are waited for up to `wait` seconds: a launch stopped in between (Ctrl-Z
+        in a terminal) must not hold a stop past its supervisor's grace, so past that the
+        record is given back without the lock, and the log says what may stay behind. A lock
+        that cannot be made is logged and gone without: a stop still gives back."""
+        try:
+            fd = self._open_launch_lock()
+        except RecordError as err:
+            log.warning("going on without the launch lock: %s", err)
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not _flock_within(fd, 0.0):
+                log.warning(WAITING_FOR_LAUNCH, LAUNCH_WAIT, self.directory / LAUNCH_LOCK)
+            if not _flock_within(fd, LAUNCH_WAIT):
+                log.warning(
+                    "a `kuscale launch` has held %s for %.0f s: giving the record back without "
+                    "it; what that launch records after this stays for the next agent or "
+                    "`kuscale restore`",
+                    self.directory / LAUNCH_LOCK,
+                    LAUNCH_WAIT,
+                )
             yield
         finally:
             os.close(fd)
 
+    def _open_launch_lock(self) -> int:
+        path = self.directory / LAUNCH_LOCK
+        try:
+            self.ensure()
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise RecordError(f"cannot open {path}: {err.strerror or err}") from err
+
     def busy(self) -> bool:
-        """True while another process holds the lock."""
+        """True while another process (an agent, `kuscale restore`) holds the lock. The
+        probe is shared, so two launches probing at once never mistake each other for an
+        agent; an agent starting at that instant waits it out in `lock`."""
         try:
             fd = os.open(self.directory / "lock", os.O_RDWR)
         except FileNotFoundError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
         finally:
@@ -188,6 +238,19 @@ class OriginalsRecord:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _flock_within(fd: int, wait: float, mode: int = fcntl.LOCK_EX) -> bool:
+    """Take `fd`'s lock (exclusive, or `mode`), trying until `wait` seconds have passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_RETRY)
 
 
 def _encode(original: Original) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kuscale import faults
 from kuscale.actuators.base import CpuActuator
 from kuscale.actuators.cgroup import CgroupActuator
-from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.backends.base import BackendError, CpuBackend, GpuBackend
 from kuscale.cli.shared import CliError, SubParsers, record_dir
 from kuscale.config import load_config
 from kuscale.local.statedir import StateDir
@@ -44,7 +44,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
     held it; refused while an agent holds the record."""
     from kuscale.backends.cgroup import detect
     from kuscale.backends.vgpu import VgpuLayer
-    from kuscale.originals import give_back
 
     directory = record_dir(args)
     record = OriginalsRecord(directory)
@@ -62,23 +61,37 @@ def cmd_restore(args: argparse.Namespace) -> int:
     gpu = VgpuLayer(gpu_root) if gpu_root is not None and gpu_root.is_dir() else None
     cgroups = detect()
     actuators = RestoreActuators(cgroups, args.kubeconfig)
-    failed = 0
-    with record.launching():
-        for original in record.entries():
-            try:
-                present = give_back(original, actuators.of(original), cgroups, gpu)
-                faults.reached("restore.given_back")
-                record.drop(original.key)
-                faults.reached("restore.dropped")
-            except (BackendError, RecordError, CliError) as err:
-                failed += 1
-                print(f"{original.key}: not given back: {err}", file=sys.stderr)
-                continue
-            if present:
-                print(f"{original.key}: given back (cgroup {original.cgroup})")
-            else:
-                print(f"{original.key}: gone meanwhile, dropped from the record")
+    with record.launches_held():
+        failed = _give_back_every_entry(record, actuators, cgroups, gpu)
+        record.unlock()  # inside the launch lock: a launch after this sees no agent
     return 1 if failed else 0
+
+
+def _give_back_every_entry(
+    record: OriginalsRecord,
+    actuators: RestoreActuators,
+    cgroups: CpuBackend,
+    gpu: GpuBackend | None,
+) -> int:
+    """Each entry given back and dropped, or left with the reason; how many were left."""
+    from kuscale.originals import give_back
+
+    failed = 0
+    for original in record.entries():
+        try:
+            present = give_back(original, actuators.of(original), cgroups, gpu)
+            faults.reached("restore.given_back")
+            record.drop(original.key)
+            faults.reached("restore.dropped")
+        except (BackendError, RecordError, CliError) as err:
+            failed += 1
+            print(f"{original.key}: not given back: {err}", file=sys.stderr)
+            continue
+        if present:
+            print(f"{original.key}: given back (cgroup {original.cgroup})")
+        else:
+            print(f"{original.key}: gone meanwhile, dropped from the record")
+    return failed
 
 
 class RestoreActuators:

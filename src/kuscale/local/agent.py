@@ -35,8 +35,13 @@ class LocalAgent(AgentLoop):
         gpu: GpuBackend | None = None,
     ) -> None:
         """`gpu` overrides the vGPU layer of `gpus` GPUs under `gpu_root` (the state dir's
-        by default), for another GPU layer such as Gemini."""
+        by default), for another GPU layer such as Gemini. Without `originals`, the state
+        dir's record is taken and held (RecordBusy where another agent holds it): a launch
+        writes a quota only while an agent holds the record."""
         self.state = state.ensure()
+        if originals is None:
+            originals = OriginalsRecord(state.originals)
+            originals.lock()
         self.cgroups = cgroups or detect()
         if gpu is None and gpus > 0:
             gpu = VgpuLayer(gpu_root or state.vgpu, gpus)
@@ -47,7 +52,7 @@ class LocalAgent(AgentLoop):
             config,
             on_tick=self._on_tick,
             on_completed=self._on_completed,
-            originals=originals or OriginalsRecord(state.originals),
+            originals=originals,
         )
         self.discovery = LocalDiscovery(
             state, self.monitor.submit, interval=min(config.period / 2, 0.5)

@@ -7,6 +7,7 @@ the cgroup, which is how the agent learns it completed.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -18,7 +19,9 @@ from kuscale.backends.vgpu import VgpuLayer
 from kuscale.config import PolicyConfig
 from kuscale.local.statedir import StateDir, StateDirError
 from kuscale.model import GPU_SOCKET_ENV, VGPU_ENV, Held, Original, PodSpec, shares_for_tokens
-from kuscale.originals import OriginalsRecord
+from kuscale.originals import OriginalsRecord, RecordError
+
+log = logging.getLogger("kuscale.launch")
 
 
 def prepare(
@@ -64,24 +67,45 @@ def born_within_budget(state: StateDir, cgroups: CgroupV1 | CgroupV2, spec: PodS
     """A new cgroup gets at once the CPU quota and weight its tokens buy (at the default
     CPU price), so the workload never runs beyond its budget before the agent adopts it.
     What the fresh cgroup had (no quota, the default weight) is recorded first: it is what
-    the agent, or `kuscale restore`, gives back."""
+    the agent, or `kuscale restore`, gives back. Only while an agent holds the record: one
+    that stops gives back what this wrote, and with none, nothing would, so the workload
+    is left as it was born, unlimited, until an agent adopts it from its registration. A
+    record that cannot be written refuses the launch, its fresh cgroup removed, before any
+    quota is written."""
     record = OriginalsRecord(state.originals)
-    with record.launching():
-        record.save(
-            Original(
-                key=spec.key,
-                uid=spec.uid,
-                cgroup=spec.cgroup,
-                held=Held(cgroups.read_limit(spec.cgroup)),
-                shares=cgroups.read_shares(spec.cgroup),
-                launched=True,
-            )
+    try:
+        with record.launch_section() as agent_alive:
+            if not agent_alive:
+                log.warning(
+                    "no agent holds %s: %s runs unlimited until an agent adopts it",
+                    state.originals,
+                    spec.name,
+                )
+                return
+            _record_then_limit(record, cgroups, spec)
+    except RecordError as err:
+        cgroups.remove(spec.cgroup)
+        raise StateDirError(f"{err}: nothing was launched") from None
+
+
+def _record_then_limit(
+    record: OriginalsRecord, cgroups: CgroupV1 | CgroupV2, spec: PodSpec
+) -> None:
+    record.save(
+        Original(
+            key=spec.key,
+            uid=spec.uid,
+            cgroup=spec.cgroup,
+            held=Held(cgroups.read_limit(spec.cgroup)),
+            shares=cgroups.read_shares(spec.cgroup),
+            launched=True,
         )
-        faults.reached("launch.recorded")
-        quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
-        cgroups.write_limit(spec.cgroup, quota)
-        cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
-        faults.reached("launch.quota_written")
+    )
+    faults.reached("launch.recorded")
+    quota = min(spec.tokens / PolicyConfig().cpu.price, cgroups.capacity())
+    cgroups.write_limit(spec.cgroup, quota)
+    cgroups.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
+    faults.reached("launch.quota_written")
 
 
 def exec_in_cgroup(

@@ -439,13 +439,15 @@ class Lifecycle:
     def _give_back_record(self, kept: set[str]) -> int:
         """Every entry but those of pods whose own give-back failed (their entries stay for
         the next agent or `kuscale restore`), while no `kuscale launch` is between recording
-        a cgroup and writing its first quota."""
+        a cgroup and writing its first quota. The record is let go inside that, so a launch
+        that comes after the sweep finds no agent and writes no quota."""
         if self.originals is None:
             return 0
-        with self.originals.launching():
+        with self.originals.launches_held():
             swept = 0
             for original in self.originals.entries():
                 if original.key not in kept and self._give_back_from_record(original):
                     faults.reached("stop.swept")
                     swept += 1
+            self.originals.unlock()
             return swept
