@@ -125,22 +125,31 @@ class LocalNode:
     parent: str
     agent: subprocess.Popen[bytes] | None = None
 
-    def start_agent(self, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.agent = subprocess.Popen(
-            [
-                *KUSCALE,
-                "agent",
-                "--local",
-                "--state-dir",
-                str(self.state),
-                "--period",
-                "0.5",
-                "--gpus",
-                "0",
-                *extra,
-            ],
-            env={**os.environ, **(env or {})},
-        )
+    def start_agent(
+        self, *extra: str, env: dict[str, str] | None = None, log: Path | None = None
+    ) -> None:
+        """The agent, its log appended to `log` where given (else the test's output)."""
+        output = log.open("ab") if log is not None else None
+        try:
+            self.agent = subprocess.Popen(
+                [
+                    *KUSCALE,
+                    "agent",
+                    "--local",
+                    "--state-dir",
+                    str(self.state),
+                    "--period",
+                    "0.5",
+                    "--gpus",
+                    "0",
+                    *extra,
+                ],
+                env={**os.environ, **(env or {})},
+                stderr=output,
+            )
+        finally:
+            if output is not None:
+                output.close()
 
     def launch(
         self,

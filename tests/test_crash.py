@@ -9,8 +9,14 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import pytest
 from conftest import BUSY, KUSCALE, LocalNode, wait_for
+
+from kuscale.local.statedir import StateDir
 
 ROUNDS = int(os.environ.get("KUSCALE_FAULT_ROUNDS", "5"))
 DEFAULT_SHARES = 1024
@@ -135,9 +141,51 @@ def test_launch_refuses_a_busy_cgroup_and_remakes_an_empty_one(node: LocalNode) 
     sleeper = node.launch("taken", 50, ["sleep", "30"])
     try:
         wait_for(lambda: not node.cgroups.is_empty(cgroup), timeout=15, interval=0.05)
-        # Born afresh with the quota its 50 tokens buy, not the 25 % left behind.
-        assert node.cgroups.read_limit(cgroup) == 50.0
-        assert node.cgroups.read_shares(cgroup) == 512
+        # Born afresh, not with the 25 % left behind: with no agent to give a quota back,
+        # unlimited with the default weight (beside an agent, the quota its tokens buy).
+        assert node.cgroups.read_limit(cgroup) is None
+        assert node.cgroups.read_shares(cgroup) == DEFAULT_SHARES
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """`directory` as a read-only filesystem (a bind mount over itself)."""
+    mounted = subprocess.run(
+        ["mount", "--bind", str(directory), str(directory)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(directory)], check=True, capture_output=True
+        )
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize(
+    ("read_only_part", "message"),
+    [("state", "is not writable"), ("originals", "nothing was launched")],
+)
+def test_a_launch_on_a_read_only_state_dir_refuses_before_any_quota(
+    node: LocalNode, read_only_part: str, message: str
+) -> None:
+    state = StateDir(node.state).ensure()
+    state.originals.mkdir()
+    with read_only(node.state if read_only_part == "state" else state.originals):
+        refused = subprocess.run(
+            [*KUSCALE, "launch", "--state-dir", str(node.state), "--tokens", "50", "--name",
+             "ro", "--cgroup-parent", node.parent, "--", "true"],
+            check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert message in refused.stderr
+    assert not node.cgroups.exists(f"{node.parent}/ro")
+    assert not state.registration("ro").exists()

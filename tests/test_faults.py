@@ -10,10 +10,13 @@ its entry but no workload registered, so the stop's sweep of the record is alway
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import BUSY, KUSCALE, LocalNode, stretched, wait_for
@@ -226,8 +229,6 @@ def test_nothing_is_left_behind_when_a_process_stops_at(
 
 
 def test_every_fault_point_is_passed_somewhere_in_the_code() -> None:
-    from pathlib import Path
-
     source = "".join(p.read_text() for p in Path(faults.__file__).parent.rglob("*.py"))
     for point in faults.POINTS:
         assert f'faults.reached("{point}")' in source, point
@@ -259,3 +260,131 @@ def test_a_fault_in_a_production_start_is_refused(
     assert "fault points are for tests only" in capsys.readouterr().err
     monkeypatch.delenv(faults.FAULT_ENV)
     faults.arm_from_environment()
+
+
+LAUNCH_POINTS = [p for p in faults.POINTS if p.startswith("launch.")]
+IN_LAUNCH_SECTION = ("launch.recorded", "launch.quota_written")
+"""The points a launch passes holding the launch lock: a stop or a restore waits for it."""
+GUEST_INTERLEAVINGS = {
+    ("launch.recorded", "term"),
+    ("launch.cgroup_made", "kill-restart"),
+    ("launch.quota_written", "kill-restore"),
+}
+"""The interleavings `make test` asks of the emulated guest, one per ending; all with
+`KUSCALE_FAULT_GUEST=all`."""
+
+
+def paused(process: subprocess.Popen[bytes]) -> bool:
+    """The process stopped itself at its fault point: state T in /proc/PID/stat."""
+    assert process.poll() is None, f"the launch exited with {process.returncode} before its point"
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+def gone_or_waiting(process: subprocess.Popen[bytes], log: Path) -> bool:
+    """The process has exited, or logged that it waits for a launch in flight."""
+    return process.poll() is not None or "in flight" in log.read_text(errors="replace")
+
+
+def restore_in_background(node: LocalNode, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as output:
+        return subprocess.Popen(
+            [*KUSCALE, "restore", "--state-dir", str(node.state)], stdout=output, stderr=output
+        )
+
+
+def agent_event(node: LocalNode, ending: str, log: Path) -> subprocess.Popen[bytes] | None:
+    """What happens to the agent while the launch is held: SIGTERM, or SIGKILL and then
+    `kuscale restore` or nothing yet; the process that must get past the launch, if any."""
+    assert node.agent is not None
+    if ending == "term":
+        node.agent.send_signal(signal.SIGTERM)
+        return node.agent
+    kill(node)
+    return restore_in_background(node, log) if ending == "kill-restore" else None
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("point", LAUNCH_POINTS)
+@pytest.mark.v2_kernel
+def test_a_launch_held_at_a_step_while_the_agent_stops_or_dies_leaves_nothing_behind(
+    node: LocalNode, point: str, ending: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes: the launch stops itself at `point` (SIGSTOP, holding whatever lock it
+    holds there); the agent is stopped or killed; then the launch goes on and execs its
+    workload. Either an agent took the workload over, or it runs as it was born."""
+    if (
+        in_guest()
+        and os.environ.get(FAULTS_ENV) != "all"
+        and (point, ending) not in (GUEST_INTERLEAVINGS)
+    ):
+        pytest.skip(f"make test runs {len(GUEST_INTERLEAVINGS)} in the guest; {FAULTS_ENV}=all")
+    left_by_an_earlier_launch(node)
+    log = tmp_path / "stopping.log"
+    node.start_agent(*AGENT, log=log)
+    wait_for(lambda: status_by(node), timeout=30)
+    launcher = node.launch("busy", 60, BUSY, env={faults.FAULT_ENV: f"{point}:1:pause"}, gpu=True)
+    try:
+        wait_for(lambda: paused(launcher), timeout=30, interval=0.05)
+        if point == "launch.quota_written":  # beside a live agent: born within its budget
+            assert node.cgroups.read_limit(f"{node.parent}/busy") == pytest.approx(60.0)
+        stopping = agent_event(node, ending, log)
+        if stopping is not None:
+            wait_for(lambda: gone_or_waiting(stopping, log), timeout=30, interval=0.05)
+            assert (stopping.poll() is None) == (point in IN_LAUNCH_SECTION), log.read_text()
+        launcher.send_signal(signal.SIGCONT)
+        if stopping is not None:
+            assert stopping.wait(timeout=stretched(EXIT)) == 0, log.read_text()
+        registration = StateDir(node.state).registration("busy")
+        wait_for(registration.exists, timeout=30, interval=0.05)
+        if ending == "kill-restart":
+            restart_and_stop(node, "busy")
+        nothing_left(node, [launcher], capsys)
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+ROUNDS_ENV = "KUSCALE_INTERLEAVE_ROUNDS"
+LAUNCH_SPAN = 1.5
+"""Seconds after a launch starts within which the agent's event falls: a launch here takes
+about half that from its start to its exec, so events land before, during and after it."""
+
+
+def settled(node: LocalNode, launcher: subprocess.Popen[bytes]) -> bool:
+    """The launch is done: it exited (refused), or it execed its workload after registering."""
+    if launcher.poll() is not None:
+        return True
+    command = Path(f"/proc/{launcher.pid}/cmdline").read_bytes().split(b"\0")
+    return command[0] == BUSY[0].encode() and StateDir(node.state).registration("busy").exists()
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_workload_launched_around_an_agent_stop_never_keeps_a_quota_with_no_agent(
+    node: LocalNode, ending: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's case: a job script launches a workload while the agent restarts. Each
+    round the agent is stopped or killed at a random moment of a launch's life; then the
+    workload runs unlimited as it was born, or the next agent holds it."""
+    draw = random.Random(f"{ending}-{os.getpid()}")
+    for round_ in range(int(os.environ.get(ROUNDS_ENV, "4"))):
+        local = LocalNode(tmp_path / f"state-{round_}", node.cgroups, node.parent)
+        local.start_agent(*AGENT)
+        wait_for(lambda: status_by(local), timeout=30)  # noqa: B023
+        launcher = local.launch("busy", 60, BUSY, gpu=True)
+        try:
+            time.sleep(draw.uniform(0.0, LAUNCH_SPAN))
+            if ending == "term":
+                clean_stop(local)
+            else:
+                kill(local)
+            wait_for(lambda: settled(local, launcher), timeout=30, interval=0.05)  # noqa: B023
+            assert launcher.poll() is None, f"round {round_}: the launch exited"
+            if ending == "kill-restart":
+                restart_and_stop(local, "busy")
+            else:
+                follow(local, ending, None)
+            nothing_left(local, [launcher], capsys)
+        finally:
+            launcher.kill()
+            launcher.wait()

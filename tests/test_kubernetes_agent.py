@@ -20,6 +20,7 @@ from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 from test_apiserver import DIGEST, UID, FakeApiServer, pod, write_kubeconfig
 from test_podresources import container, serving
 
+from kuscale import faults
 from kuscale.backends.cgroup import CgroupV1
 from kuscale.cli import main
 from kuscale.config import AgentConfig, GpuLayerConfig
@@ -30,7 +31,9 @@ from kuscale.kubernetes import podresources_pb2_grpc as rpc
 from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
 from kuscale.kubernetes.apiserver import NodePods
 from kuscale.kubernetes.discovery import KubernetesDiscovery
-from kuscale.model import PodStatus
+from kuscale.model import PodSpec, PodStatus
+from kuscale.monitor import Monitor, PodAdded, PodRemoved, Stop
+from kuscale.originals import OriginalsRecord
 
 POD_CGROUP = f"kubepods/burstable/pod{UID}"
 CONTAINER_CGROUP = f"{POD_CGROUP}/{DIGEST}"
@@ -210,3 +213,73 @@ def test_a_pod_is_taken_up_only_once_all_its_containers_have_started(
         assert list(discovery.specs()) == ["ml/trainer"]
     finally:
         apiserver.server.shutdown()
+
+
+TRAINER = PodSpec(
+    name="trainer",
+    namespace="ml",
+    tokens=50,
+    cgroup=POD_CGROUP,
+    uid=UID,
+    containers=(CONTAINER_CGROUP,),
+)
+
+
+def at_point(monkeypatch: pytest.MonkeyPatch, point: str, action: Callable[[], None]) -> None:
+    """`action` runs the first time the monitor passes `point`, as another process's event
+    would land there: the agent's fault points, with the other process's step as the fault."""
+    passed = [False]
+
+    def reached(name: str) -> None:
+        if name == point and not passed[0]:
+            passed[0] = True
+            action()
+
+    monkeypatch.setattr(faults, "reached", reached)
+
+
+@pytest.mark.parametrize("point", ["adopt.inspected", "adopt.recorded", "adopt.held"])
+def test_a_pod_deleted_while_the_agent_adopts_it_is_forgotten_with_nothing_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """The kubelet removes a deleted pod's cgroups whatever the agent is doing, and the API
+    server's watch says so a moment later."""
+    kubelet_tree(tmp_path)
+    cgroups = CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct")
+    record = OriginalsRecord(tmp_path / "record")
+    monitor = Monitor(cgroups, None, AgentConfig(period=0.5), originals=record)
+
+    def deleted() -> None:
+        for root in ("cpu", "cpuacct"):
+            shutil.rmtree(tmp_path / root / POD_CGROUP)
+        monitor.submit(PodRemoved(TRAINER.key))
+
+    at_point(monkeypatch, point, deleted)
+    monitor.submit(PodAdded(TRAINER))
+    for now in (0.0, 0.5, 1.0):
+        monitor.tick(now)
+    assert TRAINER.key not in monitor.registry.running
+    assert list(record.entries()) == []
+    assert not (tmp_path / "cpu" / POD_CGROUP).exists(), "a write made the cgroup anew"
+    monitor.restore()
+    assert list(record.entries()) == []
+
+
+@pytest.mark.parametrize("point", ["adopt.recorded", "adopt.held", "tick.written"])
+def test_sigterm_while_an_adoption_writes_its_first_limit_gives_everything_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """The stop the SIGTERM handler submits lands mid-adoption; the loop finishes the step
+    it is in, then gives back what the kubelet set."""
+    quota, container_quota = kubelet_tree(tmp_path)
+    container_quota.write_text("50000\n")
+    cgroups = CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct")
+    record = OriginalsRecord(tmp_path / "record")
+    monitor = Monitor(cgroups, None, AgentConfig(period=0.05), originals=record)
+    at_point(monkeypatch, point, lambda: monitor.submit(Stop()))
+    monitor.submit(PodAdded(TRAINER))
+    monitor.run()
+    assert monitor.stats.ticks >= 1
+    assert (quota.read_text().strip(), container_quota.read_text().strip()) == ("-1", "50000")
+    assert (tmp_path / "cpu" / POD_CGROUP / "cpu.shares").read_text().strip() == "1024"
+    assert list(record.entries()) == []
