@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -25,6 +26,7 @@ from kuscale.cli import main
 from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin import api_pb2_grpc as rpc
+from kuscale.deviceplugin import plugin as plugin_module
 from kuscale.deviceplugin.gpulayer import VgpuAllocator, vgpu_id_for
 from kuscale.deviceplugin.plugin import (
     DevicePluginServer,
@@ -274,3 +276,47 @@ def test_a_containers_vgpu_is_named_by_its_lowest_token_whatever_the_order(
     ids = [f"token-{i}" for i in indices]
     shuffle.shuffle(ids)
     assert vgpu_id_for(ids) == f"kuscale-{min(indices)}"
+
+
+class RecordedServer:
+    """A gRPC server that remembers whether it was stopped."""
+
+    def __init__(self, server: grpc.Server) -> None:
+        self.server = server
+        self.stopped = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.server, name)
+
+    def stop(self, grace: float | None) -> threading.Event:
+        self.stopped = True
+        return self.server.stop(grace)
+
+
+def test_a_server_remade_while_the_plugin_stops_is_stopped_too(
+    kubelet_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher remakes the server after a kubelet restart; a stop that lands while it
+    does must stop the new server, not only the one it replaced."""
+    made: list[RecordedServer] = []
+    plugin = TokenPlugin(4)
+    real_server = plugin_module.grpc.server
+    remake_entered = threading.Event()
+
+    def slow_server(executor: futures.Executor) -> RecordedServer:
+        if made:  # the watcher's remake: still making when the stop comes
+            remake_entered.set()
+            plugin.stopping.wait(5)
+        made.append(RecordedServer(real_server(executor)))
+        return made[-1]
+
+    monkeypatch.setattr(plugin_module.grpc, "server", slow_server)
+    server = DevicePluginServer(plugin, kubelet_dir)
+    server._serve()
+    remaking = threading.Thread(target=server._serve)
+    remaking.start()
+    assert remake_entered.wait(5)
+    server.stop()
+    remaking.join(10)
+    assert len(made) <= 2
+    assert all(s.stopped for s in made), "a server made during stop() was never stopped"

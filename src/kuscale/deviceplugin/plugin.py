@@ -136,6 +136,9 @@ class DevicePluginServer:
         self.poll_seconds = poll_seconds
         self.registrations = 0
         self._server: grpc.Server | None = None
+        self._serving = threading.Lock()
+        """Held while the server is replaced or stopped: the watcher remakes it after a
+        kubelet restart, and a stop that lands meanwhile must stop the new one."""
         self._watcher = threading.Thread(target=self._watch, name="deviceplugin", daemon=True)
 
     def start(self) -> None:
@@ -144,20 +147,28 @@ class DevicePluginServer:
 
     def stop(self) -> None:
         self.plugin.stopping.set()
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait()
-        self._watcher.join(timeout=2 * REGISTER_SECONDS)
+        with self._serving:
+            if self._server is not None:
+                self._server.stop(grace=0.5).wait()
+                self._server = None
+        if self._watcher.is_alive():
+            self._watcher.join(timeout=2 * REGISTER_SECONDS)
         self.socket.unlink(missing_ok=True)
 
     def _serve(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait()
-        self.socket.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        rpc.add_DevicePluginServicer_to_server(self.plugin, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        server.start()
-        self._server = server
+        """A new server in place of the old one; none once the plugin is stopping."""
+        with self._serving:
+            if self._server is not None:
+                self._server.stop(grace=None).wait()
+                self._server = None
+            if self.plugin.stopping.is_set():
+                return
+            self.socket.unlink(missing_ok=True)
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+            rpc.add_DevicePluginServicer_to_server(self.plugin, server)
+            server.add_insecure_port(f"unix://{self.socket}")
+            server.start()
+            self._server = server
 
     def _register(self) -> bool:
         options = api.DevicePluginOptions(get_preferred_allocation_available=True)
