@@ -26,7 +26,6 @@ from kuscale.cli import main
 from kuscale.config import GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as api
 from kuscale.deviceplugin import api_pb2_grpc as rpc
-from kuscale.deviceplugin import plugin as plugin_module
 from kuscale.deviceplugin.gpulayer import VgpuAllocator, vgpu_id_for
 from kuscale.deviceplugin.plugin import (
     DevicePluginServer,
@@ -300,7 +299,7 @@ def test_a_server_remade_while_the_plugin_stops_is_stopped_too(
     does must stop the new server, not only the one it replaced."""
     made: list[RecordedServer] = []
     plugin = TokenPlugin(4)
-    real_server = plugin_module.grpc.server
+    real_server = grpc.server
     remake_entered = threading.Event()
 
     def slow_server(executor: futures.Executor) -> RecordedServer:
@@ -310,7 +309,7 @@ def test_a_server_remade_while_the_plugin_stops_is_stopped_too(
         made.append(RecordedServer(real_server(executor)))
         return made[-1]
 
-    monkeypatch.setattr(plugin_module.grpc, "server", slow_server)
+    monkeypatch.setattr(grpc, "server", slow_server)
     server = DevicePluginServer(plugin, kubelet_dir)
     server._serve()
     remaking = threading.Thread(target=server._serve)
