@@ -302,7 +302,7 @@ def test_a_server_remade_while_the_plugin_stops_is_stopped_too(
     real_server = grpc.server
     remake_entered = threading.Event()
 
-    def slow_server(executor: futures.Executor) -> RecordedServer:
+    def slow_server(executor: futures.ThreadPoolExecutor) -> RecordedServer:
         if made:  # the watcher's remake: still making when the stop comes
             remake_entered.set()
             plugin.stopping.wait(5)
