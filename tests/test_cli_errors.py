@@ -132,3 +132,16 @@ def test_a_bad_workload_schedule_is_refused() -> None:
     result = run("workload", "--cpu", "0:50,then:100", "--duration", "1")
     assert result.returncode == 2
     assert "SECONDS:PERCENT" in result.stderr
+
+
+def test_a_command_that_needs_the_sim_extra_says_so_where_it_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent's image installs kuscale without `[sim]`: `kuscale sim` there must say what
+    is missing, not end in a traceback."""
+    for name in [m for m in sys.modules if m.split(".")[0] in ("scipy", "kuscale")]:
+        if name.startswith(("scipy", "kuscale.sim", "kuscale.plotting")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    assert main(["sim", "--scenario", "arrivals"]) == 2
+    assert "pip install 'kuscale[sim]'" in capsys.readouterr().err

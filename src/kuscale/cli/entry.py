@@ -17,6 +17,8 @@ from kuscale.model import InvalidSpec
 
 LONG_RUNNING = ("agent", "gpu-emulator", "deviceplugin")
 """The commands that log their events by default; the others only their warnings."""
+SIM_EXTRA = ("scipy", "matplotlib")
+"""What `kuscale[sim]` adds for `sim`, `demo` and `plot`; the agent's image has neither."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         arm_faults()
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
+    except ModuleNotFoundError as err:
+        if err.name not in SIM_EXTRA:
+            raise
+        print(
+            f"kuscale {args.command}: error: it needs {err.name}, which the agent's install "
+            "leaves out: pip install 'kuscale[sim]'",
+            file=sys.stderr,
+        )
+        return 2
     except (CliError, ConfigError, BackendError, InvalidSpec, StateDirError, OSError) as err:
         print(f"kuscale {args.command}: error: {err}", file=sys.stderr)
         return 2
