@@ -10,6 +10,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +20,7 @@ import grpc
 import pytest
 from conftest import V1_CPU_FILES, V1_CPUACCT_FILES, write_files
 from test_apiserver import DIGEST, UID, FakeApiServer, pod, write_kubeconfig
+from test_exporter import free_port
 from test_podresources import container, serving
 
 from kuscale import faults
@@ -283,3 +286,61 @@ def test_sigterm_while_an_adoption_writes_its_first_limit_gives_everything_back(
     assert (quota.read_text().strip(), container_quota.read_text().strip()) == ("-1", "50000")
     assert (tmp_path / "cpu" / POD_CGROUP / "cpu.shares").read_text().strip() == "1024"
     assert list(record.entries()) == []
+
+
+def healthz(address: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=5) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def test_a_new_agent_waits_healthy_for_the_old_one_to_give_the_record_back(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    """A rolling update with maxSurge: the new pod's agent starts while the old one holds the
+    record; it answers its probes and waits, lists no pod, and takes over once the record
+    is given back (or leaves at a SIGTERM)."""
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    old = OriginalsRecord(tmp_path / "originals")
+    old.lock()
+    address = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0",
+               "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
+               "--pod-resources-socket", str(pod_resources), "--record-dir",
+               str(old.directory), "--metrics-address", address, "--node-name", "n1"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: healthz(address)[0] == 200, "the waiting agent answers its probe")
+        assert "waiting for the agent before this one" in healthz(address)[1]
+        assert apiserver.lists == 0, "a waiting agent must not manage pods yet"
+        old.unlock()
+        wait_until(lambda: apiserver.lists > 0, "the new agent takes over")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+        apiserver.server.shutdown()
+    assert process.returncode == 0, stderr
+    assert "took the record over from the agent before this one" in stderr
+
+
+def test_an_agent_stopped_while_it_waits_for_the_record_leaves_at_once(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    old = OriginalsRecord(tmp_path / "originals")
+    old.lock()
+    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0",
+               "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")),
+               "--pod-resources-socket", str(pod_resources), "--record-dir",
+               str(old.directory), "--metrics-address", "", "--node-name", "n1"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "waiting until it gives the record back" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0

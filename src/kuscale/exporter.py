@@ -70,6 +70,9 @@ class SnapshotCollector(Collector):
         self.node = node
         self.snapshot: dict[str, Any] | None = None
         self.updated: float | None = None
+        self.waiting: str | None = None
+        """Set while a new agent waits for the one before it to give the record back: alive,
+        and ready for a rolling update to stop the old one."""
 
     def update(self, snapshot: dict[str, Any]) -> None:
         self.snapshot = snapshot
@@ -78,6 +81,8 @@ class SnapshotCollector(Collector):
     def healthy(self) -> tuple[bool, str]:
         """Unhealthy when the loop has not ticked for three periods."""
         snapshot, updated = self.snapshot, self.updated
+        if self.waiting is not None:
+            return True, f"ok: {self.waiting}"
         if snapshot is None or updated is None:
             return False, "the loop has not ticked yet"
         age = time.monotonic() - updated

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,15 @@ from kuscale.cli.shared import (
     node_tokens,
     record_dir,
 )
-from kuscale.originals import OriginalsRecord, RecordError
+from kuscale.originals import OriginalsRecord, RecordBusy, RecordError
 
 if TYPE_CHECKING:
+    from kuscale.exporter import MetricsExporter
     from kuscale.kubernetes.agent import KubernetesAgent
 
 log = logging.getLogger("kuscale")
+HANDOVER_POLL = 0.1
+"""Seconds between a waiting agent's tries at the record (each try itself lasts 0.5 s)."""
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -99,23 +103,32 @@ def _add_kubelet_options(agent: argparse.ArgumentParser) -> None:
     )
 
 
-def _kubernetes_agent(
-    args: argparse.Namespace, config: Any, listeners: list[Callable[[dict[str, Any]], None]]
-) -> KubernetesAgent:
+def _kubernetes_api(args: argparse.Namespace) -> Any:
+    """The API server's client, made before anything waits: bad settings fail at once."""
     from kubernetes.config import ConfigException
 
-    from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
     from kuscale.kubernetes.apiserver import core_api
 
     if args.tokens is not None and args.tokens < 0:
         raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
+    try:
+        return core_api(args.kubeconfig)
+    except ConfigException as err:
+        raise CliError(f"no Kubernetes credentials: {err}") from None
+
+
+def _kubernetes_agent(
+    args: argparse.Namespace,
+    config: Any,
+    core: Any,
+    listeners: list[Callable[[dict[str, Any]], None]],
+    record: OriginalsRecord,
+) -> KubernetesAgent:
+    from kuscale.kubernetes.agent import KubeletPaths, KubernetesAgent
+
     layer = config.gpu_layer
     gpus = layer.gpus if layer.kind == "vgpu" else 0
     tokens = args.tokens if args.tokens is not None else node_tokens(config, gpus)
-    try:
-        core = core_api(args.kubeconfig)
-    except ConfigException as err:
-        raise CliError(f"no Kubernetes credentials: {err}") from None
     return KubernetesAgent(
         config,
         core,
@@ -124,7 +137,7 @@ def _kubernetes_agent(
         KubeletPaths(args.kubelet_dir, args.pod_resources_socket),
         listeners=listeners,
         resize=args.actuator == "resize",
-        originals=_locked_record(args),
+        originals=record,
     )
 
 
@@ -138,9 +151,49 @@ def _locked_record(args: argparse.Namespace) -> OriginalsRecord:
     return record
 
 
+def _handed_over_record(
+    args: argparse.Namespace, exporter: MetricsExporter, stopping: threading.Event
+) -> OriginalsRecord | None:
+    """The record of originals, once the agent before this one has given it back: a rolling
+    update starts the new pod beside the old one (maxSurge), and the new agent waits, healthy
+    and ready, until the DaemonSet controller stops the old pod and its agent gives every
+    limit back; then it takes the record and adopts the pods at once. None: stopped while
+    waiting."""
+    record = OriginalsRecord(record_dir(args))
+    while not stopping.is_set():
+        try:
+            record.lock()
+        except RecordBusy as err:
+            if exporter.collector.waiting is None:
+                log.info("%s: waiting until it gives the record back", err)
+                exporter.collector.waiting = f"waiting for the agent before this one ({err})"
+            stopping.wait(HANDOVER_POLL)
+            continue
+        except RecordError as err:
+            raise CliError(str(err)) from None
+        if exporter.collector.waiting is not None:
+            log.info("took the record over from the agent before this one")
+            exporter.collector.waiting = None
+        return record
+    return None
+
+
+def _serve_metrics(exporter: MetricsExporter, address: str) -> None:
+    """/metrics and /healthz from the start, so a probe sees an agent waiting its turn."""
+    from kuscale.exporter import AddressError
+
+    if not address:
+        return
+    try:
+        host, port = exporter.serve(address)
+        log.info("metrics on http://%s:%d/metrics, health on /healthz", host, port)
+    except (AddressError, OSError) as err:
+        log.error("metrics are off: cannot serve on %s: %s", address, err)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from kuscale.backends.files import allow_open_files
-    from kuscale.exporter import AddressError, MetricsExporter
+    from kuscale.exporter import MetricsExporter
     from kuscale.local.agent import LocalAgent
     from kuscale.local.statedir import StateDir
     from kuscale.monitor import Stop
@@ -164,41 +217,45 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.record:
         recorder = TickRecorder(args.record, int(args.record_max_mb * 2**20))
         listeners.append(recorder)
-    agent: LocalAgent | KubernetesAgent
-    if args.kubernetes:
-        agent = _kubernetes_agent(args, config, listeners)
-    else:
-        agent = LocalAgent(
-            StateDir(args.state_dir),
-            config,
-            gpus=args.gpus,
-            gpu_root=args.gpu_root,
-            listeners=listeners,
-            originals=_locked_record(args),
-        )
-    if args.metrics_address:
-        try:
-            host, port = exporter.serve(args.metrics_address)
-            log.info("metrics on http://%s:%d/metrics, health on /healthz", host, port)
-        except (AddressError, OSError) as err:
-            log.error("metrics are off: cannot serve on %s: %s", args.metrics_address, err)
+    _serve_metrics(exporter, args.metrics_address)
+    stopping = threading.Event()
+    agent: LocalAgent | KubernetesAgent | None = None
 
     def stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
-        agent.monitor.submit(Stop())
+        stopping.set()
+        if agent is not None:
+            agent.monitor.submit(Stop())
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info(
-        "agent running on node %s: %s through the %s actuator, policy %s, period %.3g s%s",
-        args.node_name,
-        agent.cgroups.mode,
-        agent.monitor.actuator.mode,
-        config.policy,
-        config.period,
-        " (monitor only)" if config.monitor_only else "",
-    )
     try:
+        if args.kubernetes:
+            core = _kubernetes_api(args)
+            record = _handed_over_record(args, exporter, stopping)
+            if record is None:
+                return 0
+            agent = _kubernetes_agent(args, config, core, listeners, record)
+        else:
+            agent = LocalAgent(
+                StateDir(args.state_dir),
+                config,
+                gpus=args.gpus,
+                gpu_root=args.gpu_root,
+                listeners=listeners,
+                originals=_locked_record(args),
+            )
+        if stopping.is_set():
+            agent.monitor.submit(Stop())
+        log.info(
+            "agent running on node %s: %s through the %s actuator, policy %s, period %.3g s%s",
+            args.node_name,
+            agent.cgroups.mode,
+            agent.monitor.actuator.mode,
+            config.policy,
+            config.period,
+            " (monitor only)" if config.monitor_only else "",
+        )
         agent.run()
     finally:
         exporter.close()
