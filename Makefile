@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test-parts lint test e2e demo bench bench-real fuzz soak proto clean
+.PHONY: venv test-parts lint test e2e image demo bench bench-real fuzz soak proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench fuzz
-	$(BIN)/ruff format --check src tests bench fuzz
+	$(BIN)/ruff check src tests bench fuzz deploy/image
+	$(BIN)/ruff format --check src tests bench fuzz deploy/image
 	$(BIN)/mypy
 	@if command -v gofmt >/dev/null; then test -z "$$(gofmt -l e2e/node)" \
 		|| { echo "gofmt would change:"; gofmt -l e2e/node; exit 1; }; fi
@@ -28,8 +28,9 @@ test-parts:
 	@if [ "$$(id -u)" = 0 ] && ! { command -v qemu-system-x86_64 && command -v busybox \
 		&& ls /boot/vmlinuz-* | grep -v cloud; } >/dev/null 2>&1; then \
 		echo "installing $(TEST_PACKAGES) from Debian for the cgroup v2 VM"; \
-		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-			$(TEST_PACKAGES); } >/dev/null || echo "could not install them: their tests skip"; \
+		{ apt-get update -q -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q -o DPkg::Lock::Timeout=600 $(TEST_PACKAGES); } >/dev/null \
+			|| echo "could not install them: their tests skip"; \
 	fi
 
 test: lint test-parts
@@ -41,6 +42,13 @@ test: lint test-parts
 # Go or the module proxy they skip, saying why.
 e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e
+
+# The agent's image as an OCI archive, from Debian's packages and kuscale's pinned dependencies
+# (root, apt-get and dpkg-deb; no registry, no container engine), cached under a hash of its
+# inputs; prints the archive's path. Load it with `ctr -n k8s.io images import`, `podman load`
+# or `docker load`. With a registry, the Dockerfile builds the same content.
+image: $(STAMP)
+	$(BIN)/python deploy/image/build.py
 
 demo: $(STAMP)
 	$(BIN)/kuscale demo --duration 30 --json demo-summary.json --plot demo.png

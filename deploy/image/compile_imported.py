@@ -1,0 +1,32 @@
+"""Compile to bytecode every module the agent's commands import, run by the image's own
+Python inside the image (by `make image` in a chroot, by the Dockerfile in its build): a
+restarted agent then starts without compiling, and the modules nothing imports (the
+Kubernetes client's asyncio half alone is 27 MB of bytecode) cost no space."""
+
+import importlib
+import py_compile
+import sys
+
+AGENT_MODULES = (
+    "kuscale.cli.entry", "kuscale.cli.agent", "kuscale.cli.restore", "kuscale.cli.status",
+    "kuscale.cli.top", "kuscale.cli.helpers", "kuscale.kubernetes.agent",
+    "kuscale.kubernetes.apiserver", "kuscale.actuators.resize", "kuscale.local.agent",
+    "kuscale.exporter", "kuscale.record", "kuscale.top", "kuscale.deviceplugin.plugin",
+    "kuscale.backends.nvml", "kubernetes.config", "kubernetes.client", "kubernetes.watch",
+)  # fmt: skip
+"""What `agent`, `restore`, `status`, `top` and the device plugin import, lazily or not."""
+
+
+def main() -> None:
+    for name in AGENT_MODULES:
+        importlib.import_module(name)
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None) or ""
+        if path.endswith(".py"):
+            py_compile.compile(
+                path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+            )
+
+
+if __name__ == "__main__":
+    main()
