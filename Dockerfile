@@ -20,7 +20,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 COPY --from=build /opt/kuscale /opt/kuscale
 COPY deploy/image/kuscale /usr/local/bin/kuscale
 COPY deploy/image/compile_imported.py /tmp/
-ENV PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH=/opt/kuscale/lib PYTHONDONTWRITEBYTECODE=1
+ENV PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH=/opt/kuscale/lib PYTHONDONTWRITEBYTECODE=1 \
+    MALLOC_ARENA_MAX=2
 RUN python3.11 /tmp/compile_imported.py && rm /tmp/compile_imported.py \
     && kuscale --help > /dev/null
 ENTRYPOINT ["/usr/local/bin/kuscale"]

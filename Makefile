@@ -48,7 +48,7 @@ e2e: $(STAMP)
 # inputs; prints the archive's path. Load it with `ctr -n k8s.io images import`, `podman load`
 # or `docker load`. With a registry, the Dockerfile builds the same content.
 image: $(STAMP)
-	$(BIN)/python deploy/image/build.py
+	$(BIN)/python deploy/image/build_image.py
 
 demo: $(STAMP)
 	$(BIN)/kuscale demo --duration 30 --json demo-summary.json --plot demo.png

@@ -3,6 +3,7 @@ Python inside the image (by `make image` in a chroot, by the Dockerfile in its b
 restarted agent then starts without compiling, and the modules nothing imports (the
 Kubernetes client's asyncio half alone is 27 MB of bytecode) cost no space."""
 
+import compileall
 import importlib
 import py_compile
 import sys
@@ -17,16 +18,21 @@ AGENT_MODULES = (
 """What `agent`, `restore`, `status`, `top` and the device plugin import, lazily or not."""
 
 
-def main() -> None:
-    for name in AGENT_MODULES:
+def compile_imported(names: tuple[str, ...]) -> None:
+    """Every module importing `names` imports, and every module beside it in the packages
+    imported: some import their modules only when first used (the Kubernetes client's
+    models, as a pod is read), and an agent compiling them at each start holds 65 MiB more
+    for good (measured in the DaemonSet's pod)."""
+    for name in names:
         importlib.import_module(name)
+    hashed = py_compile.PycInvalidationMode.UNCHECKED_HASH
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None) or ""
         if path.endswith(".py"):
-            py_compile.compile(
-                path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
-            )
+            py_compile.compile(path, doraise=True, invalidation_mode=hashed)
+        for directory in getattr(module, "__path__", None) or ():
+            compileall.compile_dir(directory, maxlevels=0, quiet=1, invalidation_mode=hashed)
 
 
 if __name__ == "__main__":
-    main()
+    compile_imported(AGENT_MODULES)

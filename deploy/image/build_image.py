@@ -45,6 +45,9 @@ IMAGE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "PYTHONPATH": f"/{LIB}",
     "PYTHONDONTWRITEBYTECODE": "1",
+    # glibc makes a malloc arena per thread that allocates (the gRPC servers', the watch's,
+    # the metrics'): two are enough for an agent whose work is one loop.
+    "MALLOC_ARENA_MAX": "2",
 }
 INPUTS = ("pyproject.toml", "README.md", "src", "deploy/image")
 EPOCH = 0
@@ -83,11 +86,14 @@ def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = 
 
 
 def debian_closure(roots: tuple[str, ...]) -> list[str]:
-    """`roots` and every package they depend on (first of each set of alternatives), but the
-    maintainer scripts' own."""
     flags = ["--recurse", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks",
              "--no-replaces", "--no-enhances"]  # fmt: skip
-    listing = _run(["apt-cache", "depends", *flags, *roots])
+    return closure(parse_depends(_run(["apt-cache", "depends", *flags, *roots])), roots)
+
+
+def parse_depends(listing: str) -> dict[str, list[list[str]]]:
+    """`apt-cache depends` as a graph: each package's dependencies, each a list of
+    alternatives (a line marked `|` is or'ed with the next); virtual ones stay `<name>`."""
     graph: dict[str, list[list[str]]] = {}
     current, group = "", list[str]()
     for line in listing.splitlines():
@@ -102,6 +108,12 @@ def debian_closure(roots: tuple[str, ...]) -> list[str]:
         if not found.group(1):
             graph[current].append(group)
             group = []
+    return graph
+
+
+def closure(graph: dict[str, list[list[str]]], roots: tuple[str, ...]) -> list[str]:
+    """`roots` and every package they depend on, through the first real package of each set
+    of alternatives, leaving out what only maintainer scripts need."""
     chosen: set[str] = set()
     pending = list(roots)
     while pending:
