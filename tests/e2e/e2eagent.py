@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.utils import parse_quantity
 
 from e2e.e2enode import IMAGE, NODE_NAME, REPO, WORK, Component, Node, free_port, kubeconfig
@@ -23,9 +24,10 @@ from e2e.e2enode import IMAGE, NODE_NAME, REPO, WORK, Component, Node, free_port
 DEPLOY = REPO / "deploy" / "kubernetes"
 NAMESPACE = "e2e"
 NODE_TOKENS = 1000
-CPU_PRICE = 4.0
-"""Tokens per percent of a core per second on this node: 300 tokens buy 0.75 of a core, so
-budgets bind on two cores."""
+CPU_PRICE = 5.0
+"""Tokens per percent of a core per second on this node: 300 tokens buy 0.6 of a core, so
+budgets bind on two cores, whose capacity then costs the 1000 tokens the DaemonSet's agent
+advertises (the process agent is told them)."""
 BUSY = ["sh", "-c", "while :; do :; done & while :; do :; done"]
 """Two busy loops: a pod that would take both cores if nothing held it."""
 REGISTERED = "registered kuscale.com/token"
@@ -35,6 +37,8 @@ policy = "kuscale"
 
 [resources.cpu]
 price = {CPU_PRICE}
+# 2 % of a core: 10 tokens pay for it, so 50 small pods fit the node's 1000 tokens.
+min = 2.0
 """
 
 
@@ -62,13 +66,18 @@ class Cluster:
 
     @classmethod
     def prepare(cls, node: Node) -> Cluster:
-        """The base manifests applied for real (no controller manager runs, so the DaemonSet
-        makes no pod), a namespace for the tests' pods, and a token of the agent's service
-        account from the TokenRequest API."""
+        """The base manifests' account and its rights applied for real (not the DaemonSet:
+        these tests run the agent as a process; `test_e2e_shipped` runs it as the DaemonSet),
+        a namespace for the tests' pods, and a token of the agent's service account from the
+        TokenRequest API."""
         cluster = cls(node, WORK / "agent.kubeconfig", WORK / "agent.toml")
-        cluster.kubectl("apply", "--server-side", "-k", str(DEPLOY / "base"))
+        cluster.apply_account(DEPLOY / "base")
         cluster.kubectl("create", "namespace", NAMESPACE)
-        cluster.kubectl("create", "serviceaccount", "default", "-n", NAMESPACE)
+        account = ("get", "serviceaccount", "default", "-n", NAMESPACE)
+        until(
+            lambda: cluster.kubectl(*account, check=False).startswith("NAME"),
+            "the service account controller makes the namespace's default account",
+        )
         token = cluster.kubectl(
             "create", "token", "kuscale", "-n", "kuscale-system", "--duration=4h"
         ).strip()
@@ -78,9 +87,16 @@ class Cluster:
         cluster.agent_config.write_text(AGENT_CONFIG)
         return cluster
 
+    def apply_account(self, directory: Path) -> None:
+        """Everything a kustomization makes but its DaemonSet: the agent's account, its
+        rights, its config."""
+        rendered = yaml.safe_load_all(self.kubectl("kustomize", str(directory)))
+        kept = [item for item in rendered if item and item["kind"] != "DaemonSet"]
+        self.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(kept))
+
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         done = subprocess.run(
-            ["kubectl", f"--kubeconfig={self.node.admin_kubeconfig}", *args],
+            self.node.kubectl_argv(*args),
             input=stdin,
             capture_output=True,
             text=True,
@@ -102,34 +118,22 @@ class Cluster:
         return int(parse_quantity(node["status"].get(field, {}).get("kuscale.com/token", "0")))
 
     def create_pod(
-        self, name: str, tokens: int, cpu: tuple[str, str] | None = None
+        self,
+        name: str,
+        tokens: int,
+        cpu: tuple[str, str] | None = None,
+        command: list[str] = BUSY,
     ) -> dict[str, Any]:
-        """A busy pod asking `tokens`; with `cpu` (request, limit) a Burstable pod whose
-        container declares them."""
-        limits: dict[str, str] = {"kuscale.com/token": str(tokens)}
-        requests: dict[str, str] = {}
-        if cpu is not None:
-            requests["cpu"], limits["cpu"] = cpu
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "busy",
-                        "image": IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": BUSY,
-                        "resources": {"limits": limits, "requests": requests},
-                    }
-                ],
-            },
-        }
+        """A busy pod asking `tokens` (or one running `command`); with `cpu` (request,
+        limit) a Burstable pod whose container declares them."""
+        pod = pod_manifest(name, tokens, cpu, command)
         self.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
         return pod
+
+    def create_pods(self, pods: list[dict[str, Any]]) -> None:
+        """Many pods at once, in one request's list."""
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": pods}))  # fmt: skip
 
     def running(self, name: str) -> dict[str, Any]:
         try:
@@ -149,6 +153,33 @@ class Cluster:
 
     def delete_all_pods(self) -> None:
         self.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=90s")
+
+
+def pod_manifest(
+    name: str, tokens: int, cpu: tuple[str, str] | None = None, command: list[str] = BUSY
+) -> dict[str, Any]:
+    limits: dict[str, str] = {"kuscale.com/token": str(tokens)}
+    requests: dict[str, str] = {}
+    if cpu is not None:
+        requests["cpu"], limits["cpu"] = cpu
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "busy",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "resources": {"limits": limits, "requests": requests},
+                }
+            ],
+        },
+    }
 
 
 def pod_cgroup(pod: dict[str, Any]) -> Path:

@@ -1,13 +1,14 @@
 """A real single-node Kubernetes cluster on this machine, for the end-to-end tests.
 
-etcd, kube-apiserver, kube-scheduler and the kubelet come from one program of ours over the
-Kubernetes Go modules (`e2e/node`), at the release its go.mod pins; containerd, runc and the
-CNI plugins come from Debian. The node keeps everything it makes under WORK (certificates,
-configs, logs, containerd's and the kubelet's state), one bridge (BRIDGE) and the kubelet's
-`kubepods` cgroups, and `teardown` removes all of it, also what a run that was killed left:
-a new run cleans an earlier run's leftovers (it finds WORK's marker), and refuses to start
-where `kubepods` cgroups exist that no run of this harness made (a kubelet of the machine's
-own may be running).
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet and kubectl come
+from one program of ours over the Kubernetes Go modules (`e2e/node`), at the release its go.mod
+pins; containerd, runc and the CNI plugins come from Debian. The node keeps everything it
+makes under WORK (certificates, configs, logs, containerd's state), one bridge (BRIDGE), the
+kubelet's `kubepods` cgroups, and the kubelet's own state where an operator's kubelet keeps it
+(/var/lib/kubelet, so the shipped DaemonSet's host paths hold as written); `teardown` removes
+all of it, also what a run that was killed left: a new run cleans an earlier run's leftovers
+(it finds WORK's marker), and refuses to start where `kubepods` cgroups or a kubelet's state
+exist that no run of this harness made (a kubelet of the machine's own may be running).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ MARKER = WORK / "made-by-kuscale-e2e"
 NODE_NAME = "kuscale-e2e"
 BRIDGE = "kse2e0"
 POD_SUBNET = "10.213.77.0/24"
+GATEWAY = "10.213.77.1"
+"""The bridge's own address, the pods' gateway: the API server listens here, so a pod (the
+agent's, as the DaemonSet runs it) reaches it where no kube-proxy routes the service's IP."""
 SERVICE_RANGE = "10.213.78.0/24"
+SERVICE_IP = "10.213.78.1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
 CNI_BIN = Path("/usr/lib/cni")
@@ -56,10 +61,13 @@ LOG_TAIL = 30
 KEEP_LOGS_ENV = "KUSCALE_E2E_LOGS"
 """A directory the node's and the agents' logs are copied to before the teardown."""
 CAP_SYS_RESOURCE = 24
+APT_LOCK_WAIT = ("-o", "DPkg::Lock::Timeout=600")
+"""Debian's apt waits this long for a dpkg lock another apt-get holds, instead of failing."""
 
 
 class NodeUnavailable(Exception):
-    """This machine cannot run the node (no Go, no module proxy, not root): tests skip."""
+    """A prerequisite is missing (no Go, no module proxy, not root, a kubelet of the machine's
+    own): tests skip, saying why. Anything else that keeps the node from starting fails."""
 
 
 class ComponentFailed(Exception):
@@ -92,8 +100,6 @@ def build_components() -> Path:
     cache makes a rebuild after a change cost seconds."""
     if shutil.which("go") is None:
         raise NodeUnavailable("Go is not installed: the Kubernetes components cannot be built")
-    if shutil.which("kubectl") is None:
-        raise NodeUnavailable("kubectl is not installed: the tests apply manifests with it")
     sources = [*sorted(GO_PROGRAM.glob("*.go")), GO_PROGRAM / "go.mod", GO_PROGRAM / "go.sum"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kuscale-e2e"
@@ -120,20 +126,23 @@ def _go(*args: str) -> None:
         raise ComponentFailed(f"go {args[0]} of the Kubernetes components failed:\n{tail}")
 
 
-def install_debian_packages() -> None:
-    """containerd, runc, the CNI plugins and busybox-static, from Debian when root and
-    missing; the node cannot run without them."""
-    missing = [p for p in DEBIAN_PACKAGES if not _installed(p)]
+def install_debian_packages(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> None:
+    """`packages` (by default containerd, runc, the CNI plugins and busybox-static, without
+    which the node cannot run), from Debian when root and missing. A dpkg lock another
+    apt-get holds (the machine's own upgrades) is waited for, and a failed install fails the
+    tests."""
+    missing = [p for p in packages if not _installed(p)]
     if not missing:
         return
     if shutil.which("apt-get") is None:
         raise NodeUnavailable(f"{', '.join(missing)} missing and no apt-get to install them")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        _run(["apt-get", "update", "-q"], timeout=600, env=env)
-        _run(["apt-get", "install", "-y", "-q", *missing], timeout=900, env=env)
-    except ComponentFailed as err:
-        raise NodeUnavailable(f"could not install {', '.join(missing)}: {err}") from None
+    _run(["apt-get", "update", "-q", *APT_LOCK_WAIT], timeout=900, env=env)
+    _run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_LOCK_WAIT, *missing],
+        timeout=1500,
+        env=env,
+    )
 
 
 def _installed(package: str) -> bool:
@@ -229,9 +238,14 @@ class Certificates:
              "-nodes", "-days", "2", "-subj", "/CN=kuscale-e2e-ca",
              "-keyout", f"{ca}.key", "-out", f"{ca}.crt"]
         )  # fmt: skip
-        self.issue("apiserver", "/CN=kube-apiserver", "IP:127.0.0.1,DNS:localhost")
+        self.issue(
+            "apiserver",
+            "/CN=kube-apiserver",
+            f"IP:127.0.0.1,IP:{GATEWAY},IP:{SERVICE_IP},DNS:localhost,DNS:kubernetes.default.svc",
+        )
         self.issue("admin", "/O=system:masters/CN=kuscale-e2e-admin")
         self.issue("scheduler", "/CN=system:kube-scheduler")
+        self.issue("controller-manager", "/CN=system:kube-controller-manager")
         self.issue("kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
         _run(["openssl", "genrsa", "-out", str(self.directory / "service-accounts.key"), "2048"])
 
@@ -355,7 +369,7 @@ def kubelet_config(ports: dict[str, int], ca: Path) -> str:
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%"},
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "maxPods": 30,
+            "maxPods": 110,
             "podLogsDir": f"{WORK}/pod-logs",
             "serializeImagePulls": False,
         }
@@ -376,7 +390,7 @@ class Node:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{GATEWAY}:{self.ports['apiserver']}"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -384,7 +398,7 @@ class Node:
 
     @property
     def kubelet_dir(self) -> Path:
-        return WORK / "kubelet"
+        return KUBELET_HOME
 
     @property
     def device_plugins(self) -> Path:
@@ -403,31 +417,43 @@ class Node:
                     "pid": os.getpid(),
                     "netns": sorted(_netns()),
                     "bridge": BRIDGE,
-                    "kubelet_home": not KUBELET_HOME.exists(),
+                    "kubelet_home": not _listing(KUBELET_HOME)
+                    or _only_empty_plugins_dir(KUBELET_HOME),
                 }
             )
         )
         self.ports = {
-            name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "kubelet")
-        }
+            name: free_port()
+            for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
+                         "kubelet")
+        }  # fmt: skip
         self.ports["kubelet-healthz"] = free_port()
         (WORK / "logs").mkdir()
         self.certs.make()
         self._write_kubeconfigs()
+        self._make_bridge()
         self._start_containerd()
         self._start_etcd()
         self._start_apiserver()
+        self._start_controller_manager()
         self._start_scheduler()
         self._start_kubelet()
 
     def _write_kubeconfigs(self) -> None:
         ca = self.certs.path("ca.crt")
-        for name in ("admin", "scheduler", "kubelet"):
+        for name in ("admin", "controller-manager", "scheduler", "kubelet"):
             user = {
                 "client-certificate": str(self.certs.path(f"{name}.crt")),
                 "client-key": str(self.certs.path(f"{name}.key")),
             }
             (WORK / f"{name}.kubeconfig").write_text(kubeconfig(self.server, ca, user))
+
+    def _make_bridge(self) -> None:
+        """The pods' bridge with its gateway address, made before the API server that listens
+        on it (the CNI bridge plugin takes a bridge that already holds its gateway)."""
+        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{GATEWAY}/{POD_SUBNET.partition('/')[2]}", "dev", BRIDGE])
+        _run(["ip", "link", "set", BRIDGE, "up"])
 
     def _launch(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, WORK / "logs" / f"{name}.log")
@@ -451,7 +477,7 @@ class Node:
         wait_for(lambda: bool(self.ctr("version")), "containerd answers", containerd, 60)
         archive = WORK / "images.tar"
         busybox = shutil.which("busybox") or "/bin/busybox"
-        archive.write_bytes(ociimage.image_archive(Path(busybox), [IMAGE, PAUSE_IMAGE]))
+        ociimage.write_busybox_archive(Path(busybox), [IMAGE, PAUSE_IMAGE], archive)
         self.ctr("images", "import", str(archive))
 
     def _launch_hosted(self, name: str, flags: list[str]) -> Component:
@@ -469,7 +495,7 @@ class Node:
     ) -> None:
         """A hosted component, up once its health URL answers 200."""
         component = self._launch_hosted(name, flags)
-        wait_for(lambda: _http_ok(health, tls), what, component, deadline)
+        wait_for(lambda: http_ok(health, tls), what, component, deadline)
 
     def _start_etcd(self) -> None:
         self._start_serving(
@@ -488,8 +514,8 @@ class Node:
             "kube-apiserver",
             [
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={GATEWAY}",
+                f"--advertise-address={GATEWAY}",
                 f"--secure-port={self.ports['apiserver']}",
                 f"--tls-cert-file={certs.path('apiserver.crt')}",
                 f"--tls-private-key-file={certs.path('apiserver.key')}",
@@ -513,6 +539,34 @@ class Node:
         context.load_cert_chain(self.certs.path("admin.crt"), self.certs.path("admin.key"))
         return context
 
+    def _start_controller_manager(self) -> None:
+        """The controllers the shipped manifests need: the DaemonSet's (its pods and rolling
+        updates), the garbage collector (a deleted DaemonSet's pods), the namespace's (an
+        uninstall), the service accounts' and the root CA's publisher (every pod's token).
+        No node lifecycle controller: the harness untaints the node, and nothing evicts a
+        pod of a node whose status is late on a busy machine."""
+        certs = self.certs
+        self._start_serving(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={WORK}/controller-manager.kubeconfig",
+                f"--authentication-kubeconfig={WORK}/controller-manager.kubeconfig",
+                f"--authorization-kubeconfig={WORK}/controller-manager.kubeconfig",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['controller-manager']}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={certs.path('ca.crt')}",
+                f"--service-account-private-key-file={certs.path('service-accounts.key')}",
+                "--controllers=daemonset-controller,garbage-collector-controller,"
+                "namespace-controller,serviceaccount-controller,"
+                "root-ca-certificate-publisher-controller",
+                "--concurrent-gc-syncs=2",
+            ],
+            f"https://127.0.0.1:{self.ports['controller-manager']}/healthz", _insecure(),
+            "the controller manager is healthy", 120,
+        )  # fmt: skip
+
     def _start_scheduler(self) -> None:
         self._start_serving(
             "kube-scheduler",
@@ -530,7 +584,7 @@ class Node:
 
     def _start_kubelet(self) -> None:
         (WORK / "kubelet.yaml").write_text(kubelet_config(self.ports, self.certs.path("ca.crt")))
-        self.kubelet_dir.mkdir()
+        self.kubelet_dir.mkdir(exist_ok=True)
         self.launch_kubelet()
         wait_for(self.node_ready, "the node is Ready", self.components["kubelet"], 180)
         self.kubectl("taint", "node", NODE_NAME, "node.kubernetes.io/not-ready:NoSchedule-")
@@ -539,7 +593,11 @@ class Node:
         """kubectl as the cluster's administrator. The kubelet registers its node tainted
         not-ready and, with no controller manager here, the harness takes the taint off once
         the node is Ready, as the node lifecycle controller would."""
-        return _run(["kubectl", f"--kubeconfig={self.admin_kubeconfig}", *args])
+        return _run(self.kubectl_argv(*args))
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        """kubectl from the node's own program, at the node's release, as the administrator."""
+        return [str(self.binary), "kubectl", f"--kubeconfig={self.admin_kubeconfig}", *args]
 
     def launch_kubelet(self) -> Component:
         return self._launch_hosted(
@@ -588,7 +646,8 @@ class Node:
                 self._delete_all_pods()
             except (OSError, ValueError, ComponentFailed) as err:
                 print(f"e2e node: pods could not be deleted through the kubelet: {err}")
-        for name in ("kubelet", "kube-scheduler", "kube-apiserver", "etcd"):
+        for name in ("kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+                     "etcd"):  # fmt: skip
             if name in self.components:
                 self.components[name].stop()
         kept = os.environ.get(KEEP_LOGS_ENV)
@@ -602,13 +661,14 @@ class Node:
         )
 
 
-def _http_ok(url: str, context: ssl.SSLContext | None) -> bool:
+def http_ok(url: str, context: ssl.SSLContext | None) -> bool:
     with urllib.request.urlopen(url, context=context, timeout=5) as reply:
         return bool(reply.status == 200)
 
 
 def _insecure() -> ssl.SSLContext:
-    """The scheduler serves a certificate it made itself; only its health is asked."""
+    """The scheduler and the controller manager serve certificates they made themselves; only
+    their health is asked."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -668,6 +728,11 @@ def clean_leftovers(containerd: Component | None = None) -> None:
             )
         if WORK.exists():
             raise NodeUnavailable(f"{WORK} exists and no e2e run made it; remove it first")
+        if _listing(KUBELET_HOME) and not _only_empty_plugins_dir(KUBELET_HOME):
+            raise NodeUnavailable(
+                f"{KUBELET_HOME} holds a kubelet's state no e2e run made: the e2e node's kubelet "
+                "keeps its own there, so it will not start beside it"
+            )
         return
     made = json.loads(MARKER.read_text())
     _stop_containers(containerd)
@@ -699,6 +764,13 @@ def _remove_outside_files(kubelet_home: bool) -> None:
     for result in _listing(CNI_RESULTS):
         if result.name.startswith("kuscale-e2e-"):
             result.unlink()
+
+
+def _only_empty_plugins_dir(home: Path) -> bool:
+    """What a kubelet leaves after a clean stop of its own plugins: nothing of a pod's."""
+    return [p.name for p in _listing(home)] == ["device-plugins"] and not _listing(
+        home / "device-plugins"
+    )
 
 
 def _listing(directory: Path) -> list[Path]:

@@ -170,7 +170,7 @@ def _cgroup_state(pod: dict[str, Any]) -> dict[str, str]:
 def test_the_resize_actuator_goes_through_the_kubelet(
     pods: Cluster, record_property: Callable[[str, object], None]
 ) -> None:
-    pods.kubectl("apply", "--server-side", "-k", str(DEPLOY / "overlays" / "resize"))
+    pods.apply_account(DEPLOY / "overlays" / "resize")
     try:
         with running_agent(pods, "--actuator=resize") as agent:
             pods.create_pod("resized", 300, cpu=("100m", "1"))
@@ -188,7 +188,7 @@ def test_the_resize_actuator_goes_through_the_kubelet(
             assert agent.stop(signal.SIGTERM) == 0
         until(lambda: _spec_limit(pods, "resized") == "1", "the stop gives the limit back")
     finally:
-        pods.kubectl("apply", "--server-side", "-k", str(DEPLOY / "base"))
+        pods.apply_account(DEPLOY / "base")
 
 
 def _spec_limit(cluster: Cluster, name: str) -> str:
