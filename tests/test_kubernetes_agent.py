@@ -129,25 +129,39 @@ def test_the_cli_refuses_missing_settings(
     assert "--actuator resize needs --kubernetes" in capsys.readouterr().err
 
 
+def agent_process(
+    tmp_path: Path, server: str, pod_resources: Path, metrics: str = ""
+) -> subprocess.Popen[str]:
+    """`kuscale agent --kubernetes` as a process against the fakes, advertising no tokens,
+    its record under tmp_path/originals."""
+    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0",
+               "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", server)),
+               "--pod-resources-socket", str(pod_resources),
+               "--record-dir", str(tmp_path / "originals"),
+               "--metrics-address", metrics, "--node-name", "n1"]  # fmt: skip
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def stopped(process: subprocess.Popen[str], apiserver: FakeApiServer) -> str:
+    """SIGTERM, then what the agent logged; the fake API server goes too."""
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=20)
+    apiserver.server.shutdown()
+    return stderr
+
+
 def test_kuscale_agent_kubernetes_runs_until_sigterm(tmp_path: Path, pod_resources: Path) -> None:
     apiserver = FakeApiServer()
     threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
-    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0"]
-    command += ["--kubeconfig", str(kubeconfig), "--pod-resources-socket", str(pod_resources)]
-    command += ["--record-dir", str(tmp_path / "originals")]
-    process = subprocess.Popen(
-        [*command, "--metrics-address", "", "--node-name", "n1"], stderr=subprocess.PIPE, text=True
-    )
+    process = agent_process(tmp_path, apiserver.url, pod_resources)
+    stderr = ""
     try:
         deadline = time.monotonic() + 15
         while apiserver.lists == 0:
             assert time.monotonic() < deadline and process.poll() is None, "no list from the agent"
             time.sleep(0.1)
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-        apiserver.server.shutdown()
+        stderr = stopped(process, apiserver)
     assert process.returncode == 0, stderr
     assert "agent running on node n1" in stderr
 
@@ -309,11 +323,8 @@ def test_a_new_agent_waits_healthy_for_the_old_one_to_give_the_record_back(
     old = OriginalsRecord(tmp_path / "originals")
     old.lock()
     address = f"127.0.0.1:{free_port()}"
-    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0",
-               "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
-               "--pod-resources-socket", str(pod_resources), "--record-dir",
-               str(old.directory), "--metrics-address", address, "--node-name", "n1"]  # fmt: skip
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process = agent_process(tmp_path, apiserver.url, pod_resources, address)
+    stderr = ""
     try:
         wait_until(lambda: healthz(address)[0] == 200, "the waiting agent answers its probe")
         assert "waiting for the agent before this one" in healthz(address)[1]
@@ -321,9 +332,7 @@ def test_a_new_agent_waits_healthy_for_the_old_one_to_give_the_record_back(
         old.unlock()
         wait_until(lambda: apiserver.lists > 0, "the new agent takes over")
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-        apiserver.server.shutdown()
+        stderr = stopped(process, apiserver)
     assert process.returncode == 0, stderr
     assert "took the record over from the agent before this one" in stderr
 
@@ -331,13 +340,8 @@ def test_a_new_agent_waits_healthy_for_the_old_one_to_give_the_record_back(
 def test_an_agent_stopped_while_it_waits_for_the_record_leaves_at_once(
     tmp_path: Path, pod_resources: Path
 ) -> None:
-    old = OriginalsRecord(tmp_path / "originals")
-    old.lock()
-    command = [sys.executable, "-m", "kuscale", "agent", "--kubernetes", "--tokens", "0",
-               "--kubeconfig", str(write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")),
-               "--pod-resources-socket", str(pod_resources), "--record-dir",
-               str(old.directory), "--metrics-address", "", "--node-name", "n1"]  # fmt: skip
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    OriginalsRecord(tmp_path / "originals").lock()
+    process = agent_process(tmp_path, "http://127.0.0.1:9", pod_resources)
     assert process.stderr is not None
     for line in process.stderr:
         if "waiting until it gives the record back" in line:
