@@ -194,6 +194,15 @@ def container_cgroup(pod: dict[str, Any]) -> Path:
     return pod_cgroup(pod) / container_id
 
 
+def cgroup_state(pod: dict[str, Any]) -> dict[str, str]:
+    """What a give-back must restore: quotas and weights of the pod and its container."""
+    state = {}
+    for cgroup in (pod_cgroup(pod), container_cgroup(pod)):
+        for knob in ("cpu.cfs_quota_us", "cpu.shares"):
+            state[f"{cgroup.name}/{knob}"] = (cgroup / knob).read_text().strip()
+    return state
+
+
 def quota_cores(cgroup: Path) -> float | None:
     """The cgroup's CFS quota in cores; None where it has none."""
     quota = int((cgroup / "cpu.cfs_quota_us").read_text())

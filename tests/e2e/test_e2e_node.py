@@ -16,6 +16,7 @@ from e2e.e2eagent import (
     NODE_TOKENS,
     Cluster,
     budget_cores,
+    cgroup_state,
     container_cgroup,
     pod_cgroup,
     quota_cores,
@@ -126,7 +127,7 @@ def test_sigterm_gives_back_every_limit(pods: Cluster) -> None:
     with running_agent(pods) as agent:
         until(lambda: held(pod) is not None, "the agent holds the pod")
         assert agent.stop(signal.SIGTERM) == 0
-    assert _cgroup_state(pod) == before
+    assert cgroup_state(pod) == before
     assert agent.recorded() == []
 
 
@@ -143,7 +144,7 @@ def test_sigkill_then_a_new_agent_adopts_and_gives_back(pods: Cluster) -> None:
             "the new agent adopts what the first held",
         )
         assert second.stop(signal.SIGTERM) == 0
-    assert _cgroup_state(pod) == before
+    assert cgroup_state(pod) == before
     assert second.recorded() == []
 
 
@@ -153,18 +154,9 @@ def _placed_untouched(cluster: Cluster, name: str) -> tuple[dict[str, Any], dict
     with running_agent(cluster, "--monitor-only") as watching:
         cluster.create_pod(name, 200)
         pod = cluster.running(name)
-        before = _cgroup_state(pod)
+        before = cgroup_state(pod)
         watching.stop()
     return pod, before
-
-
-def _cgroup_state(pod: dict[str, Any]) -> dict[str, str]:
-    """What a give-back must restore: quotas and weights of the pod and its container."""
-    state = {}
-    for cgroup in (pod_cgroup(pod), container_cgroup(pod)):
-        for knob in ("cpu.cfs_quota_us", "cpu.shares"):
-            state[f"{cgroup.name}/{knob}"] = (cgroup / knob).read_text().strip()
-    return state
 
 
 def test_the_resize_actuator_goes_through_the_kubelet(

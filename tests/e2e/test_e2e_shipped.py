@@ -26,6 +26,7 @@ from e2e.e2eagent import (
     NAMESPACE,
     Cluster,
     budget_cores,
+    cgroup_state,
     container_cgroup,
     pod_cgroup,
     pod_manifest,
@@ -383,14 +384,6 @@ class LastWords:
         self._stop.set()
         self._thread.join()
         return self.seen
-
-
-def cgroup_state(pod: dict[str, Any]) -> dict[str, str]:
-    state = {}
-    for cgroup in (pod_cgroup(pod), container_cgroup(pod)):
-        for knob in ("cpu.cfs_quota_us", "cpu.shares"):
-            state[f"{cgroup.name}/{knob}"] = (cgroup / knob).read_text().strip()
-    return state
 
 
 def test_uninstall_gives_every_limit_back_within_the_grace_period(
