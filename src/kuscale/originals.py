@@ -116,7 +116,7 @@ class OriginalsRecord:
     def launches_held(self) -> Iterator[None]:
         """Held by a stopping agent and by `kuscale restore` while they give the record back,
         so no launch falls between recording a cgroup and writing its first quota. Launches
-        in flight are waited for up to `wait` seconds: a launch stopped in between (Ctrl-Z
+        in flight are waited for up to LAUNCH_WAIT seconds: a launch stopped in between (Ctrl-Z
         in a terminal) must not hold a stop past its supervisor's grace, so past that the
         record is given back without the lock, and the log says what may stay behind. A lock
         that cannot be made is logged and gone without: a stop still gives back."""
