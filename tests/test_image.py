@@ -91,7 +91,11 @@ def test_a_module_its_package_imports_only_when_used_is_compiled_too(
     (package / "unused" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lazypkg", raising=False)
-    compile_imported(("lazypkg",))
+    compile_imported(("lazypkg",), (str(tmp_path),))
     for module in (package / "__init__.py", package / "models.py"):
         assert Path(importlib.util.cache_from_source(str(module))).exists(), module
     assert not Path(importlib.util.cache_from_source(str(package / "unused/__init__.py"))).exists()
+    outside = importlib.util.cache_from_source(compile_imported.__code__.co_filename)
+    assert not Path(outside).exists() or Path(outside).read_bytes()[4:8] != b"\x01\x00\x00\x00", (
+        "bytecode that is never checked was written outside the roots"
+    )
