@@ -348,3 +348,45 @@ def test_an_agent_stopped_while_it_waits_for_the_record_leaves_at_once(
             break
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 0
+
+
+def test_the_device_plugin_is_gone_before_the_record_is_let_go(
+    tmp_path: Path, pod_resources: Path
+) -> None:
+    """A rolling update's next agent serves the plugin's socket, under the same name, as soon
+    as it holds the record; gRPC removes a unix socket's path as its server stops, so a
+    plugin stopped after the record was let go took the new agent's socket (seen on the real
+    node: the node offered no tokens for minutes after a rollout)."""
+    kubelet_tree(tmp_path)
+    apiserver = FakeApiServer()
+    threading.Thread(target=apiserver.server.serve_forever, daemon=True).start()
+    plugins = Path(tempfile.mkdtemp(prefix="kdp-", dir="/tmp"))
+    record = OriginalsRecord(tmp_path / "originals")
+    record.lock()
+    agent = KubernetesAgent(
+        AgentConfig(period=0.2),
+        apiserver.core,
+        "n1",
+        tokens=len(TOKENS),
+        kubelet=KubeletPaths(device_plugins=plugins, pod_resources=pod_resources),
+        cgroups=CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct"),
+        originals=record,
+    )
+    assert agent.plugin is not None
+    stop_plugin = agent.plugin.stop
+    seen: list[tuple[bool, bool]] = []
+
+    def stopping_plugin() -> None:
+        seen.append((OriginalsRecord(record.directory).busy(), agent.plugin is not None))
+        stop_plugin()
+
+    agent.plugin.stop = stopping_plugin  # type: ignore[method-assign]
+    agent.start()
+    try:
+        wait_until((plugins / "kuscale.sock").exists, "the plugin serves")
+    finally:
+        agent.stop()
+        apiserver.server.shutdown()
+        shutil.rmtree(plugins, ignore_errors=True)
+    assert seen and seen[0] == (True, True), "the plugin stopped after the record was let go"
+    assert not OriginalsRecord(record.directory).busy()

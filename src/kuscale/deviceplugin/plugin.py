@@ -146,6 +146,10 @@ class DevicePluginServer:
         self._watcher.start()
 
     def stop(self) -> None:
+        """Stop serving and remove the socket, once: a second call does nothing (the socket
+        may by then be the next agent's)."""
+        if self.plugin.stopping.is_set():
+            return
         self.plugin.stopping.set()
         with self._serving:
             if self._server is not None:

@@ -65,6 +65,7 @@ class KubernetesAgent(AgentLoop):
             on_tick=self._on_tick,
             actuator=ResizeActuator(core) if resize else None,
             originals=originals,
+            on_stop=self._stop_plugin,
         )
         self.discovery = KubernetesDiscovery(
             NodePods(core, node),
@@ -83,6 +84,14 @@ class KubernetesAgent(AgentLoop):
             )
             self.plugin = DevicePluginServer(plugin, kubelet.device_plugins)
 
+    def _stop_plugin(self) -> None:
+        """The plugin goes before the record is let go: in a rolling update the next agent
+        serves its socket under the same name as soon as it holds the record, and gRPC
+        removes a unix socket's path when its server stops, so a stop after that would take
+        the new agent's socket, and for a moment the node's tokens."""
+        if self.plugin is not None:
+            self.plugin.stop()
+
     def run(self) -> None:
         if self.plugin is not None:
             self.plugin.start()
@@ -91,5 +100,4 @@ class KubernetesAgent(AgentLoop):
             self.monitor.run()
         finally:
             self.discovery.stop()
-            if self.plugin is not None:
-                self.plugin.stop()
+            self._stop_plugin()

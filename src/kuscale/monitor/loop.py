@@ -50,7 +50,10 @@ class Monitor:
         on_completed: Callable[[PodState], None] | None = None,
         actuator: CpuActuator | None = None,
         originals: OriginalsRecord | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
+        """`on_stop` runs once the loop ends, before every limit is given back and the
+        record let go: what must be gone before the next agent starts."""
         self.cpu = cpu
         self.gpu = gpu
         self.actuator = actuator or CgroupActuator(cpu)
@@ -61,6 +64,7 @@ class Monitor:
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.stats = TickStats()
         self.on_tick = on_tick
+        self.on_stop = on_stop
         self.capacity = np.array([cpu.capacity(), gpu.capacity() if gpu else 0.0], dtype=np.float64)
         """The node's totals per resource."""
         self.device_capacity = np.array(gpu.devices() if gpu else (), dtype=np.float64)
@@ -199,6 +203,8 @@ class Monitor:
             with self._wake_lock:
                 os.close(self._wake)
                 self._wake = None
+            if self.on_stop is not None:
+                self.on_stop()
             self.restore()
 
     def _wait(self, delay: float, clock: Callable[[], float]) -> None:
