@@ -252,32 +252,44 @@ def test_prometheus_scrapes_the_agent_and_the_dashboards_queries_return_data(
     assert len(answered) >= 8
 
 
-class Unheld:
-    """Watches pods' quotas every 50 ms: the longest stretch each spent unlimited."""
+class Sampler:
+    """Looks at something every `interval` seconds, in a thread of its own, until `stop`."""
+
+    def __init__(self, interval: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.look()
+
+    def look(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Unheld(Sampler):
+    """Pods' quotas every 50 ms: the longest stretch each spent unlimited."""
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
         self.longest = {p["metadata"]["name"]: 0.0 for p in pods}
         self._since: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
+        super().__init__(0.05)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.05):
-            now = time.monotonic()
-            for pod in self.pods:
-                name = pod["metadata"]["name"]
-                if held(pod) is None:
-                    self._since.setdefault(name, now)
-                    self.longest[name] = max(self.longest[name], now - self._since[name])
-                else:
-                    self._since.pop(name, None)
-
-    def stop(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
-        return self.longest
+    def look(self) -> None:
+        now = time.monotonic()
+        for pod in self.pods:
+            name = pod["metadata"]["name"]
+            if held(pod) is None:
+                self._since.setdefault(name, now)
+                self.longest[name] = max(self.longest[name], now - self._since[name])
+            else:
+                self._since.pop(name, None)
 
 
 def test_a_rolling_update_hands_every_pod_to_the_new_agent(
@@ -301,13 +313,19 @@ def test_a_rolling_update_hands_every_pod_to_the_new_agent(
     until(lambda: "took the record over" in pods.log(new), "the new agent takes the record")
     until(lambda: all(held(p) is not None for p in held_pods), "the new agent holds both")
     time.sleep(2)
-    gaps = watch.stop()
+    watch.stop()
+    gaps = watch.longest
     record_property("seconds each pod was unheld", ", ".join(f"{g:.2f}" for g in gaps.values()))
     assert max(gaps.values()) <= HANDOVER_BUDGET_S, gaps
     assert new["spec"]["containers"][0]["image"] == f"{pods.image}-next"
     for pod, tokens in zip(held_pods, (300, 200), strict=True):
         assert (held(pod) or 99) <= budget_cores(tokens) * 1.01
     assert "adopted" in pods.log(new)
+    until(
+        lambda: pods.cluster.node_tokens("allocatable") == NODE_TOKENS,
+        "the node offers its tokens through the new agent",
+        30,
+    )
 
 
 def test_an_invalid_config_stalls_the_rollout_and_the_old_agent_stays(pods: Shipped) -> None:
@@ -366,24 +384,15 @@ def test_a_damaged_record_entry_is_kept_for_restore_and_the_rest_managed(pods: S
         damaged.unlink(missing_ok=True)
 
 
-class LastWords:
+class LastWords(Sampler):
     """An agent's log, read while its pod goes: the kubelet removes it with the pod."""
 
     def __init__(self, pods: Shipped, agent: dict[str, Any]) -> None:
-        self.seen = ""
-        self._stop = threading.Event()
+        self.pods, self.agent, self.seen = pods, agent, ""
+        super().__init__(0.1)
 
-        def follow() -> None:
-            while not self._stop.wait(0.1):
-                self.seen = pods.log(agent) or self.seen
-
-        self._thread = threading.Thread(target=follow, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> str:
-        self._stop.set()
-        self._thread.join()
-        return self.seen
+    def look(self) -> None:
+        self.seen = self.pods.log(self.agent) or self.seen
 
 
 def test_uninstall_gives_every_limit_back_within_the_grace_period(
@@ -403,7 +412,8 @@ def test_uninstall_gives_every_limit_back_within_the_grace_period(
     state = cgroup_state(pod)
     assert all(v == "-1" for k, v in state.items() if k.endswith("cfs_quota_us")), state
     assert list(HOST_RECORD.glob("*.json")) == [], "the record is empty"
-    assert "restored the limits of 1 pods" in last_words.stop()
+    last_words.stop()
+    assert "restored the limits of 1 pods" in last_words.seen
     assert took <= grace
 
 
