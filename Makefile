@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test-parts lint test e2e image demo bench bench-real fuzz soak proto clean
+.PHONY: venv test-parts lint test e2e image demo bench sim-table bench-real fuzz soak proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_tick.py
+
+# Every shipped scenario on both GPU layers: what a binding budget is judged by, vs the bound.
+sim-table: $(STAMP)
+	$(BIN)/python bench/sim_table.py
 
 # Real nginx, wrk and stress-ng on real cgroups (root; installs them from Debian if missing).
 bench-real: $(STAMP)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kuscale.cli import main
 from kuscale.sim import oracle
 from kuscale.sim.metrics import evaluate
-from kuscale.sim.oracle import OracleError, bounds, oracle_trace, solve_oracle
+from kuscale.sim.oracle import OracleError, binding_bounds, bounds, oracle_trace, solve_oracle
 from kuscale.sim.run import simulate
 from kuscale.sim.scenario import (
     Scenario,
@@ -36,6 +36,7 @@ def assert_bounded(scenario: Scenario) -> None:
     """Every policy that kept the rules leaves at least the oracle's unmet demand."""
     demand = scenario.demand()
     best = bounds(scenario, demand)
+    binding = binding_bounds(scenario, demand)
     assert evaluate(oracle_trace(scenario, demand))["within_rules"]
     for name in (*RULE_KEEPERS, "kuscale-2022", "static"):
         metrics = evaluate(simulate(scenario, name, demand))
@@ -49,6 +50,11 @@ def assert_bounded(scenario: Scenario) -> None:
                     assert metrics[resource][key] >= bound - TOLERANCE, (
                         f"{name} beat the oracle's {key} on {scenario.name} {resource}"
                     )
+        priced, progress = binding["priced_unmet_fraction"], binding["coupled_progress"]
+        if priced is not None:
+            assert metrics["priced_unmet_fraction"] >= priced - TOLERANCE, name
+        if progress is not None:
+            assert metrics["coupled_progress"] <= progress + TOLERANCE, name
 
 
 SHIPPED = [name for name in shipped_names() if name != "stress-1000"]
@@ -78,6 +84,7 @@ def random_scenarios(draw: Any) -> Scenario:
         gpu = ""
         if draw(st.booleans()):
             gpu = ", gpu: " + draw(SHAPES) % draw(st.integers(10, 90))
+            gpu += ", coupled: true" if draw(st.booleans()) else ""
         start = draw(st.sampled_from([0, 0, 10]))
         tokens = draw(st.integers(40, 300))
         pods.append(f"  - {{name: p{index}, tokens: {tokens}, start: {start}, cpu: {cpu}{gpu}}}")

@@ -96,7 +96,7 @@ def test_the_same_seed_gives_the_same_numbers_bit_for_bit() -> None:
     [
         (
             "    cpu: {shape: constant, value: 10}\n    colour: red\n",
-            ":8: pods[0].colour: unknown key (known here: cpu, end, gpu,",
+            ":8: pods[0].colour: unknown key (known here: coupled, cpu, end, gpu,",
         ),
         ("    cpu: {shape: constant, value: -5}\n", ":7: pods[0].cpu.value: must be at least 0"),
         ("    cpu: {shape: constant, value: 500}\n", "pods[0].cpu: peak demand 500 %"),

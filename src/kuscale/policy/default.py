@@ -25,6 +25,7 @@ from kuscale.policy.base import (
     Observation,
     Starving,
 )
+from kuscale.policy.coupling import CouplingEvidence, in_step, keep_in_step, split_in_proportion
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.original import dynamic_weights
 from kuscale.policy.podstage import solve_within, spend_curves
@@ -43,6 +44,7 @@ class KuscalePolicy:
         self.overcommit = np.array([config.resource(r).overcommit for r in RESOURCES])
         self._bounds_for = b""
         self._bounds = np.zeros(len(RESOURCES))
+        self.coupling = CouplingEvidence()
 
     def upper_bounds(self, capacity: FloatArray) -> FloatArray:
         """Per-pod caps: the configured max, never above what the node has. Kept for the
@@ -100,6 +102,9 @@ class KuscalePolicy:
         weights = dynamic_weights(obs, prices, cfg.static_v)
         budget = self.budget(obs.tokens, queue, obs.period)
         demand = self.leap_within_budget(demand, obs.usage, obs.starved, obs.limits, prices, budget)
+        coupled = self.coupling.observe(obs.pod_keys(), obs.usage, obs.starved, obs.uses)
+        if coupled.any():
+            demand = np.where(coupled[:, None], in_step(demand, obs.usage, obs.starved), demand)
         available = obs.tokens * obs.period * self.credit_left(queue, obs.tokens)
         curves = spend_curves(demand, self.prices, weights, self.minimums, upper, obs.uses)
         desired = solve_within(curves, budget, available)
@@ -107,6 +112,8 @@ class KuscalePolicy:
         if (free > 0).any():
             generous = solve_within(curves, free, np.full(free.shape, np.inf))
             desired = np.maximum(desired, generous)
+        if coupled.any():
+            desired = self.split_pipelines(desired, demand, prices, budget, upper, coupled)
         weighted = np.zeros(len(RESOURCES), dtype=bool) if obs.weighted is None else obs.weighted
         limits = self.share_node(
             desired,
@@ -118,12 +125,33 @@ class KuscalePolicy:
             obs.device,
             obs.device_capacity,
         )
+        if coupled.any():
+            lower = np.where(obs.uses, self.minimums, 0.0)
+            limits = keep_in_step(limits, desired, coupled, lower)
         return Decision(
             limits=limits,
             weights=np.where(obs.uses, weights, 0.0),
             queue=queue,
             demand=np.where(obs.uses, demand, 0.0),
         )
+
+    def split_pipelines(
+        self,
+        desired: FloatArray,
+        demand: FloatArray,
+        prices: FloatArray,
+        budget: FloatArray,
+        upper: FloatArray,
+        coupled: BoolArray,
+    ) -> FloatArray:
+        """A coupled pod whose budget cannot buy its demand buys every resource the same
+        fraction of it, with its whole budget: the one split under which it can use all it
+        pays for (docs/policy.md, "A budget that binds")."""
+        uses = prices > 0
+        split, binding = split_in_proportion(
+            demand, self.prices, budget, self.minimums, upper, uses
+        )
+        return np.where((coupled & binding)[:, None], split, desired)
 
     def leap_within_budget(
         self,

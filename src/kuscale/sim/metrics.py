@@ -13,7 +13,13 @@
 - reaction time: from a demand increase until the limit covers 95 % of the new demand. An
   increase never covered before demand changes again (or the pod ends) counts the whole
   spell, so a policy that never reacts is not rewarded by being left out;
-- limit changes per pod-hour, and the policy's own compute time per tick.
+- limit changes per pod-hour, and the policy's own compute time per tick;
+- priced unmet: the token value of the demand left unmet over both resources,
+  Σ price·unmet / Σ price·demand, a point of GPU at the GPU's price: what a budget that binds
+  is judged by when it must choose what to cut;
+- progress: each coupled pod's work done, the served fraction of its scarcest resource
+  (of those it asks at least `PROGRESS_FLOOR` of), averaged over the periods it asks for
+  work and weighted by tokens.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from kuscale.model import RESOURCES, Resource
-from kuscale.policy.base import FloatArray
+from kuscale.policy.base import BoolArray, FloatArray
 from kuscale.sim.run import Trace
+from kuscale.sim.scenario import Scenario
 
 COVERED = 0.95
 INCREASE_POINTS = 10.0
@@ -35,6 +42,8 @@ INCREASE_RATIO = 1.2
 CHANGE_RESOLUTION = 0.01
 OVERSPEND_TOLERANCE = 1e-6
 RULE_TOLERANCE = 1e-6
+PROGRESS_FLOOR = 1.0
+"""Percent: a demand below this asks for no work; it neither limits nor counts progress."""
 STARVED_POINTS = 1.0
 """A pod served this many percentage points below its demand, that could pay for them, is
 starved."""
@@ -86,10 +95,55 @@ def evaluate(trace: Trace) -> dict[str, Any]:
             ),
             "decide_seconds_per_tick": trace.decide_seconds_per_tick,
             "refused_pods": int(trace.refused.sum()),
+            "priced_unmet_fraction": priced_unmet(demand, usage, trace.uses, prices),
+            "coupled_progress": coupled_progress(
+                demand, usage, trace.alive, coupled_pods(scenario), trace.tokens
+            ),
             "gpu_device_peak_percent": device_peaks(trace),
         }
     )
     return result
+
+
+def coupled_pods(scenario: Scenario) -> BoolArray:
+    return np.array([pod.coupled for pod in scenario.pods], dtype=bool)
+
+
+def priced_unmet(
+    demand: FloatArray, usage: FloatArray, uses: BoolArray, prices: FloatArray
+) -> float | None:
+    """Σ price·(demand − usage)⁺ / Σ price·demand over every pod, resource and period."""
+    value = np.where(uses[None], prices, 0.0)
+    whole = float((demand * value).sum())
+    if whole <= 0:
+        return None
+    return float((np.maximum(demand - usage, 0.0) * value).sum() / whole)
+
+
+def coupled_progress(
+    demand: FloatArray, usage: FloatArray, alive: BoolArray, coupled: BoolArray, tokens: FloatArray
+) -> float | None:
+    """The token-weighted mean over coupled pods of each one's mean progress per period;
+    None where no coupled pod asked for work."""
+    step, working = progress_by_period(demand[:, coupled], usage[:, coupled], alive[:, coupled])
+    periods = working.sum(axis=0)
+    asked = periods > 0
+    if not asked.any():
+        return None
+    means = np.where(working, step, 0.0).sum(axis=0)[asked] / periods[asked]
+    weights = tokens[coupled][asked]
+    return float((means * weights).sum() / weights.sum())
+
+
+def progress_by_period(
+    demand: FloatArray, usage: FloatArray, alive: BoolArray
+) -> tuple[FloatArray, BoolArray]:
+    """Per period and pod, the served fraction of its scarcest resource, and whether the
+    pod asked for work then (alive, at least `PROGRESS_FLOOR` of some resource)."""
+    asked = demand >= PROGRESS_FLOOR
+    fraction = np.minimum(usage / np.where(asked, demand, 1.0), 1.0)
+    step = np.where(asked, fraction, 1.0).min(axis=2)
+    return step, alive & asked.any(axis=2)
 
 
 def _idle_while_starved_by_unit(

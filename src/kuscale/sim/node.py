@@ -9,6 +9,15 @@ serves each client first up to its REQUEST, then the least used, up to each LIMI
 gem-schd's window, max-min fair above the REQUESTs. A pod whose demand exceeds its
 quota is throttled in every CFS period of the step.
 
+A coupled pod (a pipeline: a trainer whose data loading feeds its GPU, an inference server
+whose preprocessing feeds its model) progresses at the served fraction of its scarcest
+resource and uses no more of the others than that progress needs: its CPU waits for its GPU
+and the other way round. The step is then shared twice: once as if every pod were
+independent, which tells each coupled pod's fraction, then with coupled pods asking only that
+fraction of their demand, so what they cannot use goes to the other pods in the same step.
+A coupled pod is throttled only where its CPU limit is what holds it back: the CPU it
+presents is its demand times what its other resources let it use.
+
 Demand comes either from per-pod step schedules (the demo and the tests) or, for scenarios,
 from one function of time that returns every row's demand at once.
 """
@@ -21,7 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kuscale.backends.base import CgroupGone
-from kuscale.backends.batch import CgroupSet, CounterArrays, Failures, Limits, Positions
+from kuscale.backends.batch import (
+    CgroupSet,
+    CounterArrays,
+    Counts,
+    Failures,
+    Limits,
+    Positions,
+)
 from kuscale.backends.gemini import ClientWeights, token_requests
 from kuscale.model import CpuCounters, Resource
 from kuscale.policy.base import BoolArray, FloatArray, IntArray
@@ -45,6 +61,7 @@ class SimPod:
     end: float = float("inf")
     start: float = 0.0
     device: int = 0
+    coupled: bool = False
 
 
 class SimNode:
@@ -73,6 +90,7 @@ class SimNode:
         self.device = np.zeros(0, dtype=np.int64)
         self.request = np.zeros(0)
         """Each client's REQUEST on its device, percent (Gemini only)."""
+        self.coupled = np.zeros(0, dtype=bool)
         self.demand = np.zeros((0, 2))
         self.granted = np.zeros((0, 2))
         self.busy_ns = np.zeros((0, 2))
@@ -81,7 +99,9 @@ class SimNode:
         self.throttled_ns = np.zeros(0)
 
     def add(self, name: str, pod: SimPod) -> None:
-        self.add_rows([name], np.array([pod.start]), np.array([pod.end]), [pod.device])
+        self.add_rows(
+            [name], np.array([pod.start]), np.array([pod.end]), [pod.device], [pod.coupled]
+        )
         self._schedules.append(pod)
 
     def add_rows(
@@ -90,9 +110,11 @@ class SimNode:
         start: FloatArray,
         end: FloatArray,
         devices: list[int] | None = None,
+        coupled: list[bool] | None = None,
     ) -> None:
         """Append pods whose demand the node's demand source gives, in this row order, with
-        the GPU each runs on (default: the first)."""
+        the GPU each runs on (default: the first) and whether each is a coupled pipeline
+        (default: none is)."""
         first = len(self.index)
         self.index.update((name, first + i) for i, name in enumerate(names))
         rows = len(names)
@@ -104,6 +126,8 @@ class SimNode:
         placed = np.array(devices if devices is not None else [0] * rows, dtype=np.int64)
         self.device = np.concatenate([self.device, placed])
         self.request = np.concatenate([self.request, np.zeros(rows)])
+        linked = np.array(coupled if coupled is not None else [False] * rows, dtype=bool)
+        self.coupled = np.concatenate([self.coupled, linked])
         for name in ("demand", "granted", "busy_ns"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros((rows, 2))]))
         self.nr_periods = np.concatenate([self.nr_periods, np.zeros(rows, dtype=np.int64)])
@@ -131,6 +155,34 @@ class SimNode:
         live = self.live()
         self.demand = np.where(live[:, None], self._demand_now(), 0.0)
         wanted = np.fmin(self.demand, self.limit)
+        granted = self._share(live, wanted)
+        presented = self.demand
+        coupled = live & self.coupled
+        if coupled.any():
+            fractions = served_fractions(self.demand[coupled], granted[coupled])
+            presented = self.demand.copy()
+            presented[coupled] = self.demand[coupled] * _others_least(fractions)
+            wanted[coupled] = self.demand[coupled] * fractions.min(axis=1, keepdims=True)
+            granted = self._share(live, wanted)
+            granted[coupled] = np.minimum(granted[coupled], wanted[coupled])
+        self.granted = granted
+        self.busy_ns += granted / 100.0 * seconds * NS
+        periods = max(1, round(seconds / CFS_PERIOD))
+        self.nr_periods[live] += periods
+        cpu = Resource.CPU
+        over = (
+            live
+            & (presented[:, cpu] > self.limit[:, cpu])
+            & (granted[:, cpu] >= self.limit[:, cpu])
+        )
+        self.nr_throttled[over] += periods
+        excess = presented[over, cpu] - self.limit[over, cpu]
+        self.throttled_ns[over] += excess / 100.0 * seconds * NS
+        self.now = until
+
+    def _share(self, live: BoolArray, wanted: FloatArray) -> FloatArray:
+        """What each live pod is served of what it wants: the CPU by weight, each crowded
+        GPU device on its own."""
         granted = np.zeros_like(wanted)
         column = wanted[live, Resource.CPU]
         if column.sum() > self.capacity[Resource.CPU]:
@@ -140,15 +192,7 @@ class SimNode:
         for device in self._crowded_devices(live, wanted[:, Resource.GPU]):
             on = live & (self.device == device)
             granted[on, Resource.GPU] = self._share_device(wanted[on, Resource.GPU], on)
-        self.granted = granted
-        self.busy_ns += granted / 100.0 * seconds * NS
-        periods = max(1, round(seconds / CFS_PERIOD))
-        self.nr_periods[live] += periods
-        over = live & (self.demand[:, 0] > self.limit[:, 0]) & (granted[:, 0] >= self.limit[:, 0])
-        self.nr_throttled[over] += periods
-        excess = self.demand[over, 0] - self.limit[over, 0]
-        self.throttled_ns[over] += excess / 100.0 * seconds * NS
-        self.now = until
+        return granted
 
     def _share_device(self, wanted: FloatArray, on: BoolArray) -> FloatArray:
         """One crowded device's time among its clients: equal shares capped at what each
@@ -209,6 +253,23 @@ class SimNode:
             self.removed[row] = True
 
 
+def served_fractions(demand: FloatArray, served: FloatArray) -> FloatArray:
+    """Per pod and resource, the share of its demand served; 1 where it demands nothing, so
+    a coupled pod with no demand on one resource progresses at the other's."""
+    asked = demand > 0
+    return np.where(asked, np.minimum(served / np.where(asked, demand, 1.0), 1.0), 1.0)
+
+
+def _others_least(fractions: FloatArray) -> FloatArray:
+    """Per pod and resource, the least fraction among its other resources: how much of its
+    demand on this one the pod can use."""
+    least = np.ones_like(fractions)
+    for r in range(fractions.shape[1]):
+        others = np.delete(fractions, r, axis=1)
+        least[:, r] = others.min(axis=1) if others.shape[1] else 1.0
+    return least
+
+
 def _limit(value: float) -> float | None:
     return None if np.isnan(value) else float(value)
 
@@ -266,7 +327,7 @@ class SimCgroups:
         self.names = list(cgroups)
         self.rows = np.array([node.index.get(name, -1) for name in cgroups], dtype=np.int64)
 
-    def _present(self, which: Positions) -> tuple[IntArray, BoolArray, Failures]:
+    def present(self, which: Positions) -> tuple[IntArray, BoolArray, Failures]:
         """The rows asked for, which of them exist, and why the others fail."""
         rows = self.rows[np.asarray(which, dtype=np.int64)]
         present = self.node.present_rows(rows)
@@ -277,7 +338,7 @@ class SimCgroups:
         return np.where(present, rows, 0), present, failed
 
     def read(self, which: Positions) -> CounterArrays:
-        rows, present, failed = self._present(which)
+        rows, present, failed = self.present(which)
         node = self.node
         return CounterArrays(
             np.where(present, node.busy_ns[rows, 0].astype(np.int64), 0),
@@ -287,15 +348,15 @@ class SimCgroups:
         )
 
     def read_throttled(self, which: Positions) -> tuple[IntArray, Failures]:
-        rows, present, failed = self._present(which)
+        rows, present, failed = self.present(which)
         return np.where(present, self.node.nr_throttled[rows], 0), failed
 
     def empty(self, which: Positions) -> tuple[BoolArray, Failures]:
-        rows, present, failed = self._present(which)
+        rows, present, failed = self.present(which)
         return present & (self.node.now >= self.node.end[rows]), failed
 
     def write_limits(self, which: Positions, limits: Limits) -> Failures:
-        rows, present, failed = self._present(which)
+        rows, present, failed = self.present(which)
         self.node.limit[rows[present], 0] = np.asarray(limits, dtype=np.float64)[present]
         return failed
 
@@ -338,6 +399,9 @@ class SimGpu:
     def read(self, vgpu_id: str) -> int:
         return self.node.gpu_busy(vgpu_id)
 
+    def busy_set(self, vgpu_ids: Sequence[str]) -> SimBusy:
+        return SimBusy(SimCgroups(self.node, vgpu_ids))
+
     def read_limit(self, vgpu_id: str) -> float | None:
         return _limit(self.node.limit[self.node.row(vgpu_id), 1])
 
@@ -363,3 +427,14 @@ class SimGpu:
             weights = {n: tokens[n] for n, r in rows.items() if node.device[r] == device}
             for name, fraction in token_requests(weights, 0.0).items():
                 node.request[rows[name]] = fraction * 100.0
+
+
+class SimBusy:
+    """Many simulated GPU clients' busy time at once, from the node's arrays."""
+
+    def __init__(self, rows: SimCgroups) -> None:
+        self.rows = rows
+
+    def read(self, which: Positions) -> tuple[Counts, Failures]:
+        rows, present, failed = self.rows.present(which)
+        return np.where(present, self.rows.node.busy_ns[rows, 1].astype(np.int64), 0), failed

@@ -11,7 +11,10 @@ simulator and the metrics hold every policy to:
   with 0 ≤ Q' ≤ R·burst_seconds, and in each period Σ_r p_r·L_r ≤ R + k·Q/T (the burst
   factor k paces how fast saved credit is spent), so the pod never spends beyond its
   reservation and saved credit;
-- pods that kuscale's admission refuses run unlimited, as they do under every policy.
+- pods that kuscale's admission refuses run unlimited, as they do under every policy;
+- a coupled pod (a pipeline) is served the same fraction of its CPU and its GPU demand in
+  every period where it asks for both: s_cpu·d_gpu = s_gpu·d_cpu, linear since the demands
+  are known. The simulator holds every policy's coupled pods to exactly that.
 
 Any policy that keeps these rules is a feasible point of this program, so none can leave less
 demand unmet: the optimum is a bound. `kuscale` and `static` keep them by construction;
@@ -38,6 +41,7 @@ from scipy.optimize import linprog
 from kuscale.model import RESOURCES, Resource
 from kuscale.policy.base import BoolArray, FloatArray
 from kuscale.policy.default import KuscalePolicy
+from kuscale.sim.metrics import coupled_pods, coupled_progress, priced_unmet, progress_by_period
 from kuscale.sim.run import Trace
 from kuscale.sim.scenario import Scenario
 
@@ -108,12 +112,11 @@ def solve_oracle(
     scenario: Scenario, demand: FloatArray, gains: FloatArray | None = None
 ) -> OracleSolution:
     """The limits that serve the most demand, each served percent of pod i's resource r
-    counted `gains[i, r]` times (all 1 by default: the least total unmet demand)."""
+    counted `gains[i, r]` times (all 1 by default: the least total unmet demand); gains
+    shaped like `demand` weigh every period on its own."""
     times = scenario.times()
     pods = scenario.pods
-    alive = (times[:, None] >= np.array([p.start for p in pods])) & (
-        times[:, None] < np.array([p.end for p in pods])
-    )
+    alive = _alive(scenario)
     uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
     cells = int((alive[:, :, None] & uses[None]).sum())
     if cells > MAX_CELLS:
@@ -132,7 +135,8 @@ def solve_oracle(
         last = min(first + window, len(times))
         program = _Program(scenario, demand[first:last], alive[first:last], uses, refused)
         program.free_start = alive[first] & (np.array([p.start for p in pods]) < times[first])
-        limit[first:last], served[first:last] = program.solve(weights)
+        window_gains = weights[first:last] if weights.ndim == 3 else weights[None]
+        limit[first:last], served[first:last] = program.solve(window_gains)
     return OracleSolution(limit, served, refused, len(bounds))
 
 
@@ -209,13 +213,16 @@ class _Program:
         # T·Σ_r p_r·L_r − k·Q ≤ R·T: saved credit is spent at most k of it per period.
         rows.add(columns[1:], [-config.burst_factor, *coefficients[2:]], earned)
 
-        gain = np.broadcast_to(gains[None], cells.shape)
+        gain = np.broadcast_to(gains, cells.shape)
         objective = np.zeros(self._size)
         objective[served[cells]] = -gain[cells]
+        linked = self._coupling(served)
         result = linprog(
             objective,
             A_ub=rows.matrix(self._size),
             b_ub=rows.bounds(),
+            A_eq=linked.matrix(self._size) if linked.count else None,
+            b_eq=linked.bounds() if linked.count else None,
             bounds=np.stack([np.concatenate(self._lower), np.concatenate(self._upper)], axis=1),
             method="highs",
         )
@@ -228,6 +235,24 @@ class _Program:
         served_out = np.where(cells, x[np.maximum(served, 0)], 0.0)
         limit_out = np.where(managed_cells, x[np.maximum(limits, 0)], np.nan)
         return limit_out, np.minimum(served_out, self.demand)
+
+    def _coupling(self, served: IntArray) -> _Rows:
+        """s_cpu·d_gpu − s_gpu·d_cpu = 0 for every coupled pod's period that asks for both."""
+        coupled = np.array([pod.coupled for pod in self.scenario.pods], dtype=bool)
+        cpu, gpu = Resource.CPU, Resource.GPU
+        both = (
+            self.alive
+            & (coupled & self.uses[:, gpu])[None]
+            & (self.demand[:, :, cpu] > 0)
+            & (self.demand[:, :, gpu] > 0)
+        )
+        rows = _Rows()
+        if both.any():
+            first, second = served[:, :, cpu][both], served[:, :, gpu][both]
+            rows.add_pairs(
+                first, self.demand[:, :, gpu][both], second, -self.demand[:, :, cpu][both]
+            )
+        return rows
 
 
 class _Rows:
@@ -251,6 +276,20 @@ class _Rows:
             self._values.append(np.full(int(present.sum()), value))
         self._bounds.append(np.asarray(bounds, dtype=np.float64))
         self._count += bounds.size
+
+    def add_pairs(self, first: IntArray, a: FloatArray, second: IntArray, b: FloatArray) -> None:
+        """One row per position j with its own coefficients: a_j·x[first_j] + b_j·x[second_j]
+        against a bound of 0."""
+        row = self._count + np.arange(first.size)
+        self._rows.extend([row, row])
+        self._columns.extend([first, second])
+        self._values.extend([np.asarray(a, np.float64), np.asarray(b, np.float64)])
+        self._bounds.append(np.zeros(first.size))
+        self._count += first.size
+
+    @property
+    def count(self) -> int:
+        return self._count
 
     def sums(self, ids: IntArray, bound: float) -> None:
         """One row per tick: the sum of that tick's variables ≤ bound."""
@@ -279,15 +318,13 @@ def oracle_trace(scenario: Scenario, demand: FloatArray) -> Trace:
     started = time.perf_counter()
     solution = solve_oracle(scenario, demand)
     pods = scenario.pods
-    times = scenario.times()
     return Trace(
         scenario=scenario,
         policy=ORACLE,
         names=[p.name for p in pods],
         tokens=np.array([p.tokens for p in pods], dtype=np.float64),
         uses=np.array([[True, p.gpu is not None] for p in pods]),
-        alive=(times[:, None] >= np.array([p.start for p in pods]))
-        & (times[:, None] < np.array([p.end for p in pods])),
+        alive=_alive(scenario),
         refused=solution.refused,
         demand=demand.astype(np.float32),
         usage=solution.served.astype(np.float32),
@@ -316,6 +353,55 @@ def bounds(scenario: Scenario, demand: FloatArray) -> dict[str, dict[str, float 
             entry[key] = weighted_unmet(demand[:, :, resource], served[:, :, resource], weights)
         result[resource.label] = entry
     return result
+
+
+def binding_bounds(scenario: Scenario, demand: FloatArray) -> dict[str, float | None]:
+    """The least priced unmet demand, and the most progress of coupled pods, each from its
+    own program: every served point weighed by its price, and every coupled pod's served
+    fraction of its largest demand by its tokens over the periods it asks for work (with
+    the pod's resources served in the same fraction, that is its progress)."""
+    pods = scenario.pods
+    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods])
+    prices = scenario.config.policy_config.prices()
+    tokens = np.array([p.tokens for p in pods], dtype=np.float64)
+    alive = _alive(scenario)
+    priced = solve_oracle(scenario, demand, np.where(uses, prices, 0.0)).served
+    coupled = coupled_pods(scenario)
+    progress = None
+    if coupled.any():
+        served = solve_oracle(scenario, demand, progress_gains(demand, alive, coupled, tokens))
+        progress = coupled_progress(demand, served.served, alive, coupled, tokens)
+    return {
+        "priced_unmet_fraction": priced_unmet(demand, priced, uses, prices),
+        "coupled_progress": progress,
+    }
+
+
+def progress_gains(
+    demand: FloatArray, alive: BoolArray, coupled: BoolArray, tokens: FloatArray
+) -> FloatArray:
+    """Per period, pod and resource, what a served percent adds to the token-weighted
+    progress: tokens / (periods asked · demand) on the coupled pod's largest demand, 0
+    elsewhere. Linear because the oracle serves a coupled pod's resources in one fraction."""
+    _, working = progress_by_period(demand, demand, alive)
+    working &= coupled[None]
+    periods = np.maximum(working.sum(axis=0), 1)
+    asked = tokens[coupled & (working.sum(axis=0) > 0)].sum()
+    largest = demand.argmax(axis=2)
+    gains = np.zeros(demand.shape)
+    value = np.where(working, tokens / periods / max(float(asked), 1e-9), 0.0)
+    tick, pod = np.nonzero(working)
+    resource = largest[tick, pod]
+    gains[tick, pod, resource] = value[tick, pod] / demand[tick, pod, resource]
+    return gains
+
+
+def _alive(scenario: Scenario) -> BoolArray:
+    times = scenario.times()
+    pods = scenario.pods
+    return (times[:, None] >= np.array([p.start for p in pods])) & (
+        times[:, None] < np.array([p.end for p in pods])
+    )
 
 
 def weighted_unmet(demand: FloatArray, served: FloatArray, weights: FloatArray) -> float | None:

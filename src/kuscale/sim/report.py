@@ -16,7 +16,7 @@ from rich.table import Table
 from kuscale.model import RESOURCES
 from kuscale.plotting import plot_bars, plot_timeline
 from kuscale.sim.metrics import evaluate
-from kuscale.sim.oracle import ORACLE, OracleError, bounds, oracle_trace
+from kuscale.sim.oracle import ORACLE, OracleError, binding_bounds, bounds, oracle_trace
 from kuscale.sim.run import Trace, simulate
 from kuscale.sim.scenario import Scenario
 
@@ -64,7 +64,11 @@ def compare(
     comparison = Comparison(scenario, metrics, traces)
     try:
         oracle = oracle_trace(scenario, demand)
-        comparison.bound = {"exact": oracle.exact, **bounds(scenario, demand)}
+        comparison.bound = {
+            "exact": oracle.exact,
+            **bounds(scenario, demand),
+            **binding_bounds(scenario, demand),
+        }
     except OracleError as err:
         if require_oracle and ORACLE in policies:
             raise
@@ -96,6 +100,13 @@ def _with_excess(metrics: dict[str, Any], bound: dict[str, Any] | None) -> dict[
             if best is not None and entry[key] is not None:
                 excess = 100.0 * (entry[key] - best)
             entry[key.replace("fraction", "excess_points")] = excess
+    for key, points in (
+        ("priced_unmet_fraction", "priced_unmet_excess_points"),
+        ("coupled_progress", "coupled_progress_vs_bound_points"),
+    ):
+        best = None if bound is None else bound[key]
+        value = metrics[key]
+        metrics[points] = None if best is None or value is None else 100.0 * (value - best)
     return metrics
 
 
@@ -105,10 +116,14 @@ def _fraction(value: float | None) -> str:
 
 def _unmet(metrics: dict[str, Any], resource: str) -> str:
     entry = metrics.get(resource, {})
-    unmet, excess = entry.get("unmet_demand_fraction"), entry.get("unmet_demand_excess_points")
-    if unmet is None or excess is None:
-        return _fraction(unmet)
-    return f"{_fraction(unmet)} ({excess:+.1f})"
+    return _against(entry.get("unmet_demand_fraction"), entry.get("unmet_demand_excess_points"))
+
+
+def _against(value: float | None, points: float | None) -> str:
+    """A fraction, with how far it lies from the oracle's bound, in points."""
+    if value is None or points is None:
+        return _fraction(value)
+    return f"{_fraction(value)} ({points:+.1f})"
 
 
 def _seconds(value: float | None) -> str:
@@ -124,6 +139,14 @@ COLUMNS: tuple[tuple[str, Cell], ...] = (
     ("GPU unmet (vs oracle)", lambda m: _unmet(m, "gpu")),
     ("GPU idle·starved", lambda m: _fraction(m["gpu"]["idle_while_starved_fraction"])),
     ("GPU slack", lambda m: _fraction(m["gpu"]["slack_fraction"])),
+    (
+        "priced unmet (vs oracle)",
+        lambda m: _against(m["priced_unmet_fraction"], m["priced_unmet_excess_points"]),
+    ),
+    (
+        "progress (vs oracle)",
+        lambda m: _against(m["coupled_progress"], m["coupled_progress_vs_bound_points"]),
+    ),
     ("overspend", lambda m: _fraction(m["budget_overspend_fraction"])),
     ("react p50", lambda m: _seconds(m["reaction_seconds_median"])),
     ("react p95", lambda m: _seconds(m["reaction_seconds_p95"])),

@@ -123,6 +123,7 @@ def simulate(
         np.array([p.start for p in pods]),
         np.array([p.end for p in pods]),
         [p.device for p in pods],
+        [p.coupled for p in pods],
     )
     config = replace(scenario.config, policy=policy_name)
     policy = TimedPolicy(make_policy(policy_name, config.policy_config))

@@ -33,6 +33,8 @@ class ScenarioPod:
     gpu: Shape | None
     device: int = 0
     """The GPU the pod's client runs on (pods without a GPU: 0, unused)."""
+    coupled: bool = False
+    """A pipeline: it progresses at the served fraction of its scarcest resource."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,10 @@ class Scenario:
         """The same scenario on another GPU layer: "gemini", or "vgpu" (limits alone)."""
         layer = replace(self.config.gpu_layer, kind=kind).validate()
         return replace(self, config=replace(self.config, gpu_layer=layer))
+
+    def uncoupled(self) -> Scenario:
+        """The same scenario with every pod independent: the runs from before pipelines."""
+        return replace(self, pods=tuple(replace(p, coupled=False) for p in self.pods))
 
     def times(self) -> FloatArray:
         return np.arange(self.ticks, dtype=np.float64) * self.period
@@ -178,6 +184,7 @@ def _pods(
         if device >= gpus:
             spec.fail("gpu", f"device {device} is not one of the node's {gpus} GPUs")
         gpu = _shape(spec, "gpu", gpu_spec, directory, capacity[1])
+    coupled = _coupled(spec, gpu is not None)
     spec.done()
     names = [name] if replicas == 1 else [f"{name}-{i}" for i in range(replicas)]
     for pod_name in names:
@@ -185,7 +192,18 @@ def _pods(
             validate_pod_name(pod_name)
         except InvalidSpec as err:
             spec.fail("name", str(err))
-    return [ScenarioPod(n, tokens, start, end, cpu, gpu, device) for n in names]
+    return [ScenarioPod(n, tokens, start, end, cpu, gpu, device, coupled) for n in names]
+
+
+def _coupled(spec: Section, has_gpu: bool) -> bool:
+    """`coupled: true` makes a pod a pipeline between its CPU and its GPU: meaningless, and
+    refused, on a pod that has no GPU demand."""
+    coupled = spec.raw("coupled", False)
+    if not isinstance(coupled, bool):
+        spec.fail("coupled", f"must be true or false, got {coupled!r}")
+    if coupled and not has_gpu:
+        spec.fail("coupled", "a coupled pod pipes its CPU into its GPU: give it a `gpu:` demand")
+    return coupled
 
 
 def _demand(spec: Section, key: str, directory: Path, capacity: float) -> Shape:
