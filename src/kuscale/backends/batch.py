@@ -4,7 +4,9 @@ The monitor samples every ready pod each tick, reads every pod's throttle count 
 times between ticks, and writes the limits that changed. A backend that can answer for all
 of them at once (the simulator, from its own arrays; the kernel trees, through paths
 resolved once) offers `cgroup_set`; any other is read one cgroup at a time. Failures are per
-cgroup: the others' values stand.
+cgroup: the others' values stand. The watch reads every GPU pod's busy time at every look
+in the same way: `busy_set` where the GPU backend answers for all at once, else one client
+at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Generic, Protocol, TypeVar, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from kuscale.backends.base import BackendError, CpuBackend
+from kuscale.backends.base import BackendError, CpuBackend, GpuBackend
 from kuscale.model import CpuCounters
 
 Counts = NDArray[np.int64]
@@ -153,3 +155,42 @@ def cgroup_set(backend: CpuBackend, cgroups: Sequence[str]) -> CgroupSet:
     if isinstance(backend, BatchCpuBackend):
         return backend.cgroup_set(cgroups)
     return each_cgroup(backend, cgroups)
+
+
+class BusySet(Protocol):
+    """A fixed list of GPU clients whose busy time is read together."""
+
+    def read(self, which: Positions) -> tuple[Counts, Failures]:
+        """Cumulative busy ns of each client picked; 0 and a failure where it is gone."""
+        ...
+
+
+@runtime_checkable
+class BatchGpuBackend(Protocol):
+    def busy_set(self, vgpu_ids: Sequence[str]) -> BusySet: ...
+
+
+class EachClient:
+    """Any GPU backend's clients, each read by its id."""
+
+    def __init__(self, backend: GpuBackend, vgpu_ids: Sequence[str]) -> None:
+        self.backend = backend
+        self.vgpu_ids = list(vgpu_ids)
+
+    def read(self, which: Positions) -> tuple[Counts, Failures]:
+        busy: list[int] = []
+        failed: Failures = {}
+        for i, index in enumerate(which):
+            try:
+                busy.append(self.backend.read(self.vgpu_ids[index]))
+            except BackendError as err:
+                failed[i] = err
+                busy.append(0)
+        return counts(busy), failed
+
+
+def busy_set(backend: GpuBackend, vgpu_ids: Sequence[str]) -> BusySet:
+    """The GPU backend's own batch reader where it has one, else one client at a time."""
+    if isinstance(backend, BatchGpuBackend):
+        return backend.busy_set(vgpu_ids)
+    return EachClient(backend, vgpu_ids)

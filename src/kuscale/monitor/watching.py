@@ -12,6 +12,7 @@ import numpy as np
 
 from kuscale import faults
 from kuscale.backends.base import BackendError, CpuBackend, GpuBackend
+from kuscale.backends.batch import BusySet, busy_set
 from kuscale.backends.pressure import (
     MIN_WINDOW_US,
     PressureSource,
@@ -107,6 +108,8 @@ class Watch:
         self.gpu = gpu
         self.device_capacity = np.zeros(0) if device_capacity is None else device_capacity
         self.pinned_at = pinned_at
+        self._clients: tuple[int, IntArray, BusySet] | None = None
+        """The ready pods' GPU clients, for the membership they were gathered at."""
 
     def managed_cgroups(self) -> list[str]:
         """The cgroups of the pods the watch may raise: those the pressure triggers follow."""
@@ -211,22 +214,33 @@ class Watch:
         return limits
 
     def _gpu_busy(self, ready: Ready) -> tuple[IntArray, IntArray]:
-        """Positions of the ready pods with a GPU client, and their busy ns; a client that
-        cannot be read (gone since the last pass) is skipped until the next tick."""
+        """Positions of the ready pods with a GPU client, and their busy ns, read together
+        (one batch where the backend has one); a client that cannot be read (gone since
+        the last pass) is skipped until the next tick."""
+        positions, clients = self._gpu_clients(ready)
+        busy, failed = clients.read(np.arange(positions.size))
+        for i, err in failed.items():
+            log.debug("watch skips pod %s's GPU: %s", ready.pods[positions[i]].key, err)
+        if not failed:
+            return positions, busy
+        kept = np.ones(positions.size, dtype=bool)
+        kept[list(failed)] = False
+        return positions[kept], busy[kept]
+
+    def _gpu_clients(self, ready: Ready) -> tuple[IntArray, BusySet]:
+        """The ready pods that hold a GPU share, gathered once per membership."""
         assert self.gpu is not None
-        c = self.table.columns
-        positions, busy = [], []
-        for i, pod in enumerate(ready.pods):
-            vgpu_id = pod.spec.vgpu_id
-            if vgpu_id is None or not c.uses[pod.row, GPU]:
-                continue
-            try:
-                busy.append(self.gpu.read(vgpu_id))
-            except BackendError as err:
-                log.debug("watch skips pod %s's GPU: %s", pod.key, err)
-                continue
-            positions.append(i)
-        return np.array(positions, dtype=np.int64), np.array(busy, dtype=np.int64)
+        if self._clients is None or self._clients[0] != ready.membership:
+            uses = self.table.columns.uses
+            positions = [
+                i
+                for i, pod in enumerate(ready.pods)
+                if pod.spec.vgpu_id is not None and uses[pod.row, GPU]
+            ]
+            ids = [str(ready.pods[i].spec.vgpu_id) for i in positions]
+            picked = np.array(positions, dtype=np.int64)
+            self._clients = (ready.membership, picked, busy_set(self.gpu, ids))
+        return self._clients[1], self._clients[2]
 
     def _write_gpu(
         self, ready: Ready, positions: IntArray, shares: FloatArray, before: FloatArray
