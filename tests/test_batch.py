@@ -66,7 +66,8 @@ def test_the_simulator_set_agrees_with_its_one_pod_reads() -> None:
         assert np.array_equal(fast.usage_ns, slow.usage_ns)
         assert np.array_equal(fast.nr_throttled, slow.nr_throttled)
         assert sorted(fast.failed) == sorted(slow.failed)
-    assert vectorised.read_throttled([1])[0].tolist() == [cpu.read_throttled("b")]
+    counts, throttled_ns, _ = vectorised.read_throttled([1])
+    assert (counts.tolist()[0], throttled_ns.tolist()[0]) == cpu.read_throttled("b")
     failed = vectorised.write_limits([0, 2, 1], [30.0, 10.0, 60.0])
     assert list(failed) == [1]
     assert (cpu.read_limit("a"), cpu.read_limit("b")) == (30.0, 60.0)
@@ -100,8 +101,9 @@ def test_garbage_in_one_cgroup_fails_it_alone_and_the_rest_read_at_full_speed(
     assert [str(err) for err in slow.failed.values()] == [
         str(err) for err in counters.failed.values()
     ]
-    throttled, failed = fast.read_throttled([1, 3, 5])
+    throttled, throttled_ns, failed = fast.read_throttled([1, 3, 5])
     assert throttled.tolist() == [1, 1, 3] and not failed
+    assert throttled_ns.tolist() == [0, 0, 0]
 
 
 def test_a_set_reads_the_right_files_after_the_cache_closed_and_reused_descriptors(

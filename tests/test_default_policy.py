@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from kuscale.config import PolicyConfig, ResourceConfig
-from kuscale.policy.base import FloatArray, GpuLook, Observation
+from kuscale.policy.base import FloatArray, GpuLook, Observation, Starving
 from kuscale.policy.default import KuscalePolicy
 from kuscale.policy.demand import estimate_demand
 from kuscale.policy.podstage import solve_within, spend_curves
@@ -465,3 +465,28 @@ def test_the_gpu_fast_path_keeps_budgets_devices_and_what_others_use(
     for d in (0, 1):
         before, after = limits[device == d, 1].sum(), shares[device == d].sum()
         assert after <= max(before, 100.0) + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("shortfall", "expected"),
+    [
+        (1.0, 55.0),  # pinned by its own noise: twice the pin tolerance, not a doubling
+        (30.0, 80.0),  # short by 30 points: raised by 30
+        (400.0, 200.0),  # a burst: to the cap at once, not in doublings
+        (np.nan, 100.0),  # its first look, no evidence yet: `fast_growth`
+    ],
+)
+def test_a_fast_raise_is_sized_by_how_short_the_pod_was(shortfall: float, expected: float) -> None:
+    policy = KuscalePolicy(PolicyConfig(burst_factor=0.0))
+    starving = Starving(
+        period=1.0,
+        tokens=np.array([500.0]),
+        queue=np.zeros(1),
+        limits=np.array([[50.0, 0.0]]),
+        uses=np.array([[True, False]]),
+        capacity=np.array([200.0, 0.0]),
+        held=np.array([50.0, 0.0]),
+        weighted=np.array([True, False]),
+        shortfall=np.array([shortfall]),
+    )
+    assert policy.raise_starved(starving)[0, 0] == pytest.approx(expected)

@@ -59,8 +59,10 @@ class CpuBackend(Protocol):
 
     def read(self, cgroup: str) -> CpuCounters: ...
 
-    def read_throttled(self, cgroup: str) -> int:
-        """CFS periods throttled so far (cpu.stat `nr_throttled`): the watch's one read."""
+    def read_throttled(self, cgroup: str) -> tuple[int, int]:
+        """CFS periods throttled so far and the time throttled in ns, summed over the CPUs
+        the cgroup ran on (cpu.stat `nr_throttled`, and `throttled_time` on v1 or
+        `throttled_usec` on v2): the watch's one read."""
         ...
 
     def read_limit(self, cgroup: str) -> float | None:

@@ -48,8 +48,9 @@ class CgroupSet(Protocol):
 
     def read(self, which: Positions) -> CounterArrays: ...
 
-    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
-        """nr_throttled alone: the watch's one read per pod."""
+    def read_throttled(self, which: Positions) -> tuple[Counts, Counts, Failures]:
+        """nr_throttled and the time throttled in ns (summed over CPUs): the watch's one
+        read per pod."""
         ...
 
     def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
@@ -76,7 +77,7 @@ class OneAtATime(Generic[Handle]):
         cgroups: Sequence[str],
         handles: Sequence[Handle | BackendError],
         read: Callable[[Handle], CpuCounters],
-        read_throttled: Callable[[Handle], int],
+        read_throttled: Callable[[Handle], tuple[int, int]],
         write_limit: Callable[[Handle, float], None],
         is_empty: Callable[[str], bool],
     ) -> None:
@@ -116,10 +117,10 @@ class OneAtATime(Generic[Handle]):
             failed,
         )
 
-    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[Counts, Counts, Failures]:
         read = self._read_throttled
-        answers, failed = self._each(which, lambda handle, _: read(handle), 0)
-        return counts(answers), failed
+        answers, failed = self._each(which, lambda handle, _: read(handle), (0, 0))
+        return counts([a[0] for a in answers]), counts([a[1] for a in answers]), failed
 
     def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:
         """Asked by name: the kernel keeps no counter of it, and the file is opened afresh."""

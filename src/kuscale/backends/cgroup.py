@@ -85,6 +85,9 @@ class _CgroupTree:
     mode = ""
     counter_roles: tuple[str, ...] = ()
     """The files a sample reads, in the order `counters_from` takes them."""
+    throttled_key = ""
+    """cpu.stat's time throttled, summed over CPUs, in `throttled_scale` ns."""
+    throttled_scale = 1
     period_role = ""
     """The file a quota's period is read from afresh at each write; "" where the tree
     remembers the period."""
@@ -160,13 +163,15 @@ class _CgroupTree:
     def write_limit(self, cgroup: str, limit: float | None) -> None:
         self.write_quota(self.files_of(cgroup), limit)
 
-    def read_throttled(self, cgroup: str) -> int:
+    def read_throttled(self, cgroup: str) -> tuple[int, int]:
         return self.throttled(self.files_of(cgroup))
 
-    def throttled(self, files: CgroupFiles) -> int:
-        """nr_throttled from cpu.stat (v1 and v2 alike), through the descriptor the tick keeps
-        open: the watch between ticks reads this one file per pod."""
-        return parse_key(self.descriptors.read(files.stat), "nr_throttled", files.stat)
+    def throttled(self, files: CgroupFiles) -> tuple[int, int]:
+        """nr_throttled and the time throttled in ns from cpu.stat, through the descriptor
+        the tick keeps open: the watch between ticks reads this one file per pod."""
+        text = self.descriptors.read(files.stat)
+        throttled = parse_key(text, self.throttled_key, files.stat) * self.throttled_scale
+        return parse_key(text, "nr_throttled", files.stat), throttled
 
     def cgroup_set(self, cgroups: Sequence[str]) -> KernelCgroupSet:
         """The tick's reads and writes of many cgroups, through descriptors kept open."""
@@ -210,6 +215,8 @@ class CgroupV1(_CgroupTree):
     mode = "cgroup-v1"
     counter_roles = ("usage", "stat")
     period_role = "period"
+    throttled_key = "throttled_time"
+    throttled_scale = 1
 
     def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         usage = parse_counts(texts[0])
@@ -277,6 +284,8 @@ class CgroupV2(_CgroupTree):
     mode = "cgroup-v2"
     counter_roles = ("stat",)
     period_role = ""
+    throttled_key = "throttled_usec"
+    throttled_scale = 1000
 
     def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         stat = texts[0]

@@ -68,7 +68,10 @@ class KernelTree(Protocol):
 
     def sample(self, files: CgroupFiles) -> CpuCounters: ...
 
-    def throttled(self, files: CgroupFiles) -> int: ...
+    throttled_key: str
+    throttled_scale: int
+
+    def throttled(self, files: CgroupFiles) -> tuple[int, int]: ...
 
     def write_quota(self, files: CgroupFiles, limit: float | None) -> None: ...
 
@@ -200,13 +203,14 @@ class KernelCgroupSet:
                 failed[i] = alone.failed[0]
         return CounterArrays(columns[0], columns[1], columns[2], failed)
 
-    def read_throttled(self, which: Positions) -> tuple[Counts, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[Counts, Counts, Failures]:
         asked = list(which)
         texts, whole = self._read_all("stat", asked)
         if whole:
-            values = parse_keyed_many(cast(list[bytes], texts), (b"nr_throttled",))
+            keys = (b"nr_throttled", self.tree.throttled_key.encode())
+            values = parse_keyed_many(cast(list[bytes], texts), keys)
             if values is not None:
-                return values[0], {}
+                return values[0], values[1] * self.tree.throttled_scale, {}
         return self.checked.read_throttled(asked)
 
     def empty(self, which: Positions) -> tuple[NDArray[np.bool_], Failures]:

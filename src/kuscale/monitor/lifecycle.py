@@ -173,6 +173,7 @@ class Lifecycle:
         c.cpu_usage_ns[row] = counters.usage_ns
         c.nr_periods[row] = counters.nr_periods
         c.nr_throttled[row] = c.throttle_mark[row] = counters.nr_throttled
+        c.throttle_look_at[row] = np.nan
         c.has_baseline[row] = True
         if self.config.monitor_only:
             self._give_back_recorded(spec)

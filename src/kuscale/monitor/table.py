@@ -67,6 +67,10 @@ class Columns:
     gpu_look_at: FloatArray
     throttle_mark: IntArray
     """nr_throttled as the last tick or watch pass saw it."""
+    throttled_ns_mark: IntArray
+    """Time throttled (ns, summed over CPUs) as the watch last read it, at `throttle_look_at`
+    (NaN: not since the pod was adopted)."""
+    throttle_look_at: FloatArray
     raised_mark: IntArray
     """nr_throttled when the watch last raised the pod's limit (NO_MARK: not since the last
     tick): throttling before it was answered already, so the tick does not count it."""
@@ -108,6 +112,8 @@ def _empty(rows: int, window: int) -> Columns:
         gpu_look_ns=np.zeros(rows, dtype=np.int64),
         gpu_look_at=np.full(rows, np.nan),
         throttle_mark=np.zeros(rows, dtype=np.int64),
+        throttled_ns_mark=np.zeros(rows, dtype=np.int64),
+        throttle_look_at=np.full(rows, np.nan),
         raised_mark=np.full(rows, NO_MARK, dtype=np.int64),
         uses=np.zeros(pair, dtype=np.bool_),
         price=np.zeros(pair),

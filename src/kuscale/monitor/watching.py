@@ -122,20 +122,20 @@ class Watch:
 
     def look(self, now: float) -> None:
         """The CPU's throttle counters, then the GPU's busy time where it is watched."""
-        self._look_at_cpus()
+        self._look_at_cpus(now)
         if self.watches_gpu():
             self._look_at_gpus(now)
 
-    def _look_at_cpus(self) -> None:
-        """Read every managed pod's throttle counter; hand those throttled since the last
-        look to the policy's fast path and write, all at once, what it raises. A pod whose
-        cgroup cannot be read is skipped until the next tick."""
+    def _look_at_cpus(self, now: float) -> None:
+        """Read every managed pod's throttle counters; hand those throttled since the last
+        look to the policy's fast path, with how short each was, and write, all at once,
+        what it raises. A pod whose cgroup cannot be read is skipped until the next tick."""
         ready = self.sampler.ready()
-        positions = self._throttled(ready)
+        positions, shortfall = self._throttled(ready, now)
         if not positions.size:
             return
         rows = ready.rows[positions]
-        limits = self.policy.raise_starved(self._starving(rows))
+        limits = self.policy.raise_starved(self._starving(rows, shortfall))
         if limits is None:
             return
         c = self.table.columns
@@ -259,26 +259,35 @@ class Watch:
         self.stats.gpu_fast_raises += int((c.limit[rows, GPU] > before[changed]).sum())
         faults.reached("watch.raised")
 
-    def _throttled(self, ready: Ready) -> IntArray:
+    def _throttled(self, ready: Ready, now: float) -> tuple[IntArray, FloatArray]:
         """Positions among the ready pods of the managed ones whose throttle count rose
-        since the last look."""
+        since the last look, and how short each was: 100 × the time it spent throttled
+        (summed over CPUs) over the wall time since the last look, percent of a core. A
+        pod's threads held back for a whole period each wait on a CPU apiece, so that is
+        what its demand exceeds its limit by; NaN where the pod was not looked at before."""
         which = ready.managed
         if not which.size:
-            return which
-        counts, failed = ready.counters.read_throttled(which)
+            return which, np.zeros(0)
+        counts, throttled_ns, failed = ready.counters.read_throttled(which)
         read = np.ones(which.size, dtype=np.bool_)
         for i, err in failed.items():
             log.debug("watch skips pod %s: %s", ready.pods[which[i]].key, err)
             read[i] = False
         if failed:
-            which, counts = which[read], counts[read]
+            which, counts, throttled_ns = which[read], counts[read], throttled_ns[read]
         rows = ready.rows[which]
         c = self.table.columns
         rose = counts > c.throttle_mark[rows]
+        elapsed = now - c.throttle_look_at[rows]
+        grew = np.maximum(throttled_ns - c.throttled_ns_mark[rows], 0)
+        known = elapsed > 0
+        shortfall = np.where(known, 100.0 * grew / (np.where(known, elapsed, 1.0) * 1e9), np.nan)
         c.throttle_mark[rows] = counts
-        return which[rose]
+        c.throttled_ns_mark[rows] = throttled_ns
+        c.throttle_look_at[rows] = now
+        return which[rose], shortfall[rose]
 
-    def _starving(self, rows: IntArray) -> Starving:
+    def _starving(self, rows: IntArray, shortfall: FloatArray) -> Starving:
         c = self.table.columns
         uses = c.uses[rows]
         holding = self.sampler.ready().holding
@@ -295,4 +304,5 @@ class Watch:
             capacity=self.reach,
             held=held,
             weighted=self.weighted,
+            shortfall=shortfall,
         )

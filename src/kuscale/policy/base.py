@@ -86,6 +86,9 @@ class Starving:
     """Per resource: the sum of every running pod's limit, these pods' included."""
     weighted: BoolArray
     """Per resource: True where the kernel shares it by tokens (see Observation)."""
+    shortfall: FloatArray | None = None
+    """Per pod, percent of a core it was short since the last look: the time it spent
+    throttled, summed over CPUs, over the look's wall time (NaN where not known yet)."""
 
     @property
     def size(self) -> int:

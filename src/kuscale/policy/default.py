@@ -176,19 +176,30 @@ class KuscalePolicy:
         return np.where(starved, capped, demand)
 
     def raise_starved(self, obs: Starving) -> FloatArray:
-        """The fast path: a pod throttled between ticks gets at once up to `fast_growth`
-        times its CPU limit, within the largest its budget allows now (reservation plus the
-        burst credit of the last tick, less what its other resources held this period), up
-        to its cap. A raise is charged for the whole period, and the watch looks again
-        within a tenth of it: stepping by a factor, a pod pinned by its own noise pays for a
-        step, not for its whole budget, and a burst reaches its budget within a few looks.
-        Where the kernel shares the CPU by
-        tokens that is all; otherwise only what no other pod holds of the node's
-        capacity × overcommit is given, pod by pod. Never below what a pod holds: the next
-        tick re-balances."""
+        """The fast path: a pod throttled between ticks gets at once the CPU it was short
+        of, within the largest its budget allows now (reservation plus the burst credit of
+        the last tick, less what its other resources held this period), up to its cap.
+
+        The step is sized by the evidence: the time the pod spent throttled since the last
+        look, summed over CPUs, over the look's wall time, is how far its demand exceeds its
+        limit (each thread held back waits for the rest of the period). A burst from an
+        idle limit is short by a lot and is covered in one look; a pod pinned by its own
+        noise is short by little and pays for a small step, not for its whole budget. The
+        step is at least twice the pin tolerance (a throttled pod needs more than it holds)
+        and, where the shortfall is not known yet (the pod's first look), `fast_growth`
+        times the limit. A raise is charged for the whole period, and the watch looks again
+        within a tenth of it. Where the kernel shares the CPU by tokens that is all;
+        otherwise only what no other pod holds of the node's capacity × overcommit is given,
+        pod by pod. Never below what a pod holds: the next tick re-balances."""
         cpu = Resource.CPU
+        held_cpu = obs.limits[:, cpu]
+        step = held_cpu * self.config.fast_growth
+        if obs.shortfall is not None:
+            least = held_cpu * (1.0 + 2.0 * self.config.pin_tolerance)
+            sized = np.maximum(held_cpu + obs.shortfall, least)
+            step = np.where(np.isfinite(obs.shortfall), sized, step)
         affordable = self.fast_ceiling(
-            cpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity
+            cpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity, step
         )
         wanted = np.maximum(affordable, obs.limits[:, cpu])
         if not obs.weighted[cpu]:
@@ -209,8 +220,9 @@ class KuscalePolicy:
         tokens, the raise is the budget's alone, as on the CPU. The next tick re-balances."""
         gpu = Resource.GPU
         held = obs.limits[:, gpu]
+        step = held * self.config.fast_growth
         affordable = self.fast_ceiling(
-            gpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity
+            gpu, obs.tokens, obs.queue, obs.period, obs.limits, obs.uses, obs.capacity, step
         )
         wanted = np.where(obs.pinned, np.maximum(affordable - held, 0.0), 0.0)
         if obs.weighted:
@@ -234,17 +246,18 @@ class KuscalePolicy:
         limits: FloatArray,
         uses: BoolArray,
         capacity: FloatArray,
+        step: FloatArray,
     ) -> FloatArray:
         """The most one look of the watch may raise `resource` to, per pod: what the budget
         allows now beside what the pod's other resources are charged for this period (their
-        columns of `limits`), up to the pod's cap and `fast_growth` times what it holds."""
+        columns of `limits`), up to the pod's cap and the `step` the evidence asks."""
         prices = np.where(uses, self.prices, 0.0)
         budget = self.budget(tokens, queue, period)
         held = limits[:, resource]
         others = row_sum(prices * limits) - prices[:, resource] * held
         cap = float(self.upper_bounds(capacity)[resource])
         affordable = np.minimum((budget - others) / self.prices[resource], cap)
-        return np.asarray(np.minimum(affordable, held * self.config.fast_growth), np.float64)
+        return np.asarray(np.minimum(affordable, step), np.float64)
 
     def credit_left(self, queue: FloatArray, tokens: FloatArray) -> FloatArray:
         """The share of its token queue a pod still has, 1 where saved credit can never be

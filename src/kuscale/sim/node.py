@@ -294,8 +294,9 @@ class SimCpu:
     def read(self, cgroup: str) -> CpuCounters:
         return self.node.counters(cgroup)
 
-    def read_throttled(self, cgroup: str) -> int:
-        return self.node.counters(cgroup).nr_throttled
+    def read_throttled(self, cgroup: str) -> tuple[int, int]:
+        counters = self.node.counters(cgroup)
+        return counters.nr_throttled, counters.throttled_ns
 
     def cgroup_set(self, cgroups: Sequence[str]) -> CgroupSet:
         return SimCgroups(self.node, cgroups)
@@ -347,9 +348,14 @@ class SimCgroups:
             failed,
         )
 
-    def read_throttled(self, which: Positions) -> tuple[IntArray, Failures]:
+    def read_throttled(self, which: Positions) -> tuple[IntArray, IntArray, Failures]:
         rows, present, failed = self.present(which)
-        return np.where(present, self.node.nr_throttled[rows], 0), failed
+        throttled_ns = self.node.throttled_ns[rows].astype(np.int64)
+        return (
+            np.where(present, self.node.nr_throttled[rows], 0),
+            np.where(present, throttled_ns, 0),
+            failed,
+        )
 
     def empty(self, which: Positions) -> tuple[BoolArray, Failures]:
         rows, present, failed = self.present(which)
