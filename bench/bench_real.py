@@ -14,7 +14,11 @@ burst credit: nginx with 120 tokens and credit worth spending (burst_factor 0.2,
 burst_seconds 30) idles 10 s, then serves a 12 s burst; against a static 120 % quota. Case
 3: the same nginx (150 tokens) and stress-ng with two CPU workers (300 tokens) share the
 node while wrk runs; we measure both pods' work and each pod's share of the CPU they got
-against its share of the tokens.
+against its share of the tokens. Case 4, pipelines whose budgets bind: `kuscale workload
+--pipeline` (zlib in two threads feeding GPU kernels on the GPU emulator through a bounded
+queue) in two pods of 120 tokens, then one such pod beside the CPU-bound neighbour, under
+kuscale, kuscale-2022 and static limits at the same tokens (the agent's `static` policy:
+half the tokens on each resource); we measure items per second.
 
 wrk runs as a client on another machine would: in a cgroup of its own, outside the pods',
 with the largest CPU weight the kernel takes, which no pod has. On the same two cores as
@@ -49,11 +53,18 @@ from typing import Any
 
 from kuscale.backends.base import BackendError
 from kuscale.backends.cgroup import CgroupV1, CgroupV2, detect
+from kuscale.demo import gpu_emulator
+from kuscale.local.statedir import StateDir
 
 TOOLS = {"nginx": "nginx-light", "wrk": "wrk", "stress-ng": "stress-ng"}
 KUSCALE = [sys.executable, "-m", "kuscale"]
 RESERVATION = 150
 NEIGHBOUR_TOKENS = 300
+PIPELINE_TOKENS = 120
+"""A pipeline of 20 ms of CPU and 10 ms of GPU an item, as fast as it can go, wants 2 % of
+a core and 1 % of the GPU per item a second: 5 tokens an item a second at the default prices
+(1 and 3). 120 tokens buy 24 items a second split in that proportion, 20 split in halves,
+where the pipeline could do 100: its budget binds all the time."""
 PAGE_BYTES = 448 * 1024
 SAMPLE_SECONDS = 0.02
 CLIENT_SHARES = 262144
@@ -256,6 +267,7 @@ class Node:
     state: Path
     parent: str
     policy: str | None
+    gpus: int = 0
     agent: subprocess.Popen[bytes] | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -275,7 +287,7 @@ class Node:
                 "--state-dir",
                 str(self.state),
                 "--gpus",
-                "0",
+                str(self.gpus),
                 "--policy",
                 self.policy,
                 "--config",
@@ -296,7 +308,7 @@ class Node:
         procs = [str(root / cgroup / "cgroup.procs") for root in self._roots()]
         return [sys.executable, "-c", ATTACH, str(len(procs)), *procs]
 
-    def launch(self, name: str, tokens: int, command: list[str]) -> str:
+    def launch(self, name: str, tokens: int, command: list[str], gpu: bool = False) -> str:
         cgroup = f"{self.parent}/{name}"
         if self.policy is None:
             self.cgroups.create(cgroup)
@@ -319,6 +331,7 @@ class Node:
                     name,
                     "--cgroup-parent",
                     self.parent,
+                    *(["--gpu"] if gpu else []),
                     "--",
                     *command,
                 ],
@@ -376,12 +389,17 @@ def wait_for(condition: Any, timeout: float) -> None:
 
 
 @contextmanager
-def node(policy: str | None, config: str) -> Iterator[Node]:
+def node(policy: str | None, config: str, gpus: int = 0) -> Iterator[Node]:
     state = Path(tempfile.mkdtemp(prefix="kuscale-bench-real-"))
-    here = Node(detect(), state, f"kuscale-bench-{os.getpid()}", policy)
+    here = Node(detect(), state, f"kuscale-bench-{os.getpid()}", policy, gpus)
     try:
-        here.start(config)
-        yield here
+        if gpus:
+            with gpu_emulator(StateDir(state).ensure(), enforce=True):
+                here.start(config)
+                yield here
+        else:
+            here.start(config)
+            yield here
     finally:
         here.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -486,6 +504,78 @@ def with_neighbour(policy: str | None, burst: float, watch: float) -> dict[str, 
         }
 
 
+def steady_noise(watch: float, seconds: float) -> dict[str, Any]:
+    """A pod pinned by its own noise: stress-ng at 60 % of one CPU (duty-cycled, so its use
+    jitters) with 120 tokens and the burst credit of case 2. The limit it holds over its use,
+    and how often the watch raised it: what each raise costs is what the step's size
+    decides."""
+    case = Burst("noise", 120, 0.0, seconds, 0.2, 30.0)
+    with node("kuscale", case.config(watch)) as here:
+        cgroup = here.launch(
+            "steady",
+            case.tokens,
+            ["stress-ng", "--cpu", "1", "--cpu-load", "60", "--timeout", f"{seconds + 30:g}"],
+        )
+        log = LimitLog(here.cgroups, cgroup)
+        sampler = threading.Thread(target=log.run, daemon=True)
+        sampler.start()
+        time.sleep(5.0)
+        raised_before = _fast_raises(here)
+        started = time.monotonic()
+        time.sleep(seconds)
+        ended = time.monotonic()
+        raised = _fast_raises(here) - raised_before
+        log.stop()
+        sampler.join()
+    used = log.usage(started, ended)
+    held = log.mean_limit(started, ended)
+    return {
+        "usage_percent": used,
+        "limit_percent": held,
+        "limit_over_usage": None if held is None or used <= 0 else held / used,
+        "fast_raises_per_second": raised / (ended - started),
+    }
+
+
+def _fast_raises(here: Node) -> int:
+    status = json.loads((here.state / "status.json").read_text())
+    return int(status.get("fast_raises", 0))
+
+
+def pipelines(policy: str, neighbour: bool, seconds: float, watch: float) -> dict[str, Any]:
+    """Two pipelines, or one beside the CPU-bound neighbour, on the emulated GPU: each
+    pipeline's items per second over the same `seconds`."""
+    config = Burst("pipelines", PIPELINE_TOKENS, 0.0, seconds).config(watch)
+    names = ["pipe-a"] if neighbour else ["pipe-a", "pipe-b"]
+    with scratch() as prefix, node(policy, config, gpus=1) as here:
+        start_at = time.monotonic() + 5.0 + 2.0 * len(names)
+        for name in names:
+            command = [
+                *KUSCALE,
+                "workload",
+                "--pipeline",
+                "--duration",
+                f"{seconds:g}",
+                "--start-at",
+                f"{start_at:.3f}",
+                "--report",
+                str(prefix / f"{name}.rate"),
+            ]
+            here.launch(name, PIPELINE_TOKENS, command, gpu=True)
+        if neighbour:
+            here.launch(
+                "neighbour",
+                NEIGHBOUR_TOKENS,
+                ["stress-ng", "--cpu", "2", "--timeout", f"{seconds + 30:g}"],
+            )
+        reports = [prefix / f"{name}.rate" for name in names]
+        wait_for(lambda: all(report.exists() for report in reports), seconds + 60.0)
+        rates = {
+            name: float(report.read_text()) for name, report in zip(names, reports, strict=True)
+        }
+    return {"policy": policy, "neighbour": neighbour, "items_per_second": rates}
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -515,11 +605,37 @@ def burst_table(case: Burst, rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def table(bursts: dict[Burst, list[dict[str, Any]]], shared: list[dict[str, Any]]) -> str:
-    lines: list[str] = []
-    for case, rows in bursts.items():
-        lines += [*burst_table(case, rows), ""]
-    lines += [
+def pipeline_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        f"pipelines (20 ms CPU + 10 ms GPU an item, {PIPELINE_TOKENS} tokens each; "
+        f"the neighbour: stress-ng --cpu 2, {NEIGHBOUR_TOKENS} tokens), items per second",
+        f"{'policy':<14}{'pipe-a':>9}{'pipe-b':>9}{'beside the neighbour':>22}",
+    ]
+    for policy in dict.fromkeys(row["policy"] for row in rows):
+        pair = next(r for r in rows if r["policy"] == policy and not r["neighbour"])
+        alone = next(r for r in rows if r["policy"] == policy and r["neighbour"])
+        rates = pair["items_per_second"]
+        lines.append(
+            f"{policy:<14}{rates['pipe-a']:>9.1f}{rates['pipe-b']:>9.1f}"
+            f"{alone['items_per_second']['pipe-a']:>22.1f}"
+        )
+    return lines
+
+
+CASES = ("burst-after-idle", "burst-credit", "noise", "neighbour", "pipelines")
+
+
+def noise_table(noise: dict[str, Any]) -> list[str]:
+    return [
+        "steady noise (stress-ng --cpu 1 --cpu-load 60, 120 tokens, burst credit as above)",
+        f"{'usage %':>9}{'limit %':>9}{'limit / usage':>15}{'fast raises / s':>17}",
+        f"{noise['usage_percent']:>9.1f}{noise['limit_percent'] or 0.0:>9.1f}"
+        f"{noise['limit_over_usage'] or 0.0:>15.2f}{noise['fast_raises_per_second']:>17.2f}",
+    ]
+
+
+def neighbour_table(shared: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "beside a CPU-bound neighbour (stress-ng --cpu 2, 300 tokens)",
         f"{'policy':<14}{'web requests':>13}{'web p99 ms':>11}{'web cpu %':>10}"
         f"{'neighbour cpu %':>16}{'web share':>10}{'of tokens':>10}",
@@ -530,7 +646,7 @@ def table(bursts: dict[Burst, list[dict[str, Any]]], shared: list[dict[str, Any]
             f"{row['web_cpu_percent']:>10.1f}{row['neighbour_cpu_percent']:>16.1f}"
             f"{row['web_share_of_cpu']:>10.2f}{row['web_share_of_tokens']:>10.2f}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> int:
@@ -541,6 +657,7 @@ def main() -> int:
     parser.add_argument("--burst", type=float, default=15.0, help="seconds of wrk load")
     parser.add_argument("--watch", type=float, default=0.1, help="the agent's watch_interval")
     parser.add_argument("--json", type=Path, help="write the figures as JSON")
+    parser.add_argument("--only", help=f"run only these cases: {','.join(CASES)} (default: all)")
     args = parser.parse_args()
     try:
         ensure_tools()
@@ -555,21 +672,35 @@ def main() -> int:
         Burst("burst after idle", RESERVATION, args.idle, args.burst): ("kuscale", "kuscale-2022"),
         Burst("burst credit", 120, 10.0, 12.0, 0.2, 30.0): ("kuscale",),
     }
-    bursts = {}
+    only = set(args.only.split(",")) if args.only else set(CASES)
+    figures: dict[str, Any] = {}
+    lines: list[str] = []
     for case, policies in cases.items():
+        key = case.name.replace(" ", "_")
+        if key.replace("_", "-") not in only:
+            continue
         static = burst_after_idle(None, case, args.watch, None)
         needed = static["burst_usage_percent"]
-        bursts[case] = [static] + [
-            burst_after_idle(policy, case, args.watch, needed) for policy in policies
+        rows = [static] + [burst_after_idle(p, case, args.watch, needed) for p in policies]
+        figures[key] = rows
+        lines += [*burst_table(case, rows), ""]
+    if "noise" in only:
+        figures["steady_noise"] = noise = steady_noise(args.watch, args.burst)
+        lines += [*noise_table(noise), ""]
+    if "neighbour" in only:
+        figures["with_neighbour"] = shared = [
+            with_neighbour(policy, args.burst, args.watch) for policy in ("kuscale", None)
         ]
-    shared = [with_neighbour(policy, args.burst, args.watch) for policy in ("kuscale", None)]
-    print(table(bursts, shared))
+        lines += [*neighbour_table(shared), ""]
+    if "pipelines" in only:
+        figures["pipelines"] = rows = [
+            pipelines(policy, neighbour, args.burst, args.watch)
+            for policy in ("kuscale", "kuscale-2022", "static")
+            for neighbour in (False, True)
+        ]
+        lines += pipeline_table(rows)
+    print("\n".join(lines))
     if args.json:
-        figures = {
-            "burst_after_idle": bursts[next(iter(bursts))],
-            "burst_credit": list(bursts.values())[1],
-            "with_neighbour": shared,
-        }
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"figures written to {args.json}")
     return 0

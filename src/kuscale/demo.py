@@ -245,7 +245,7 @@ def cgroups_writable() -> CgroupV1 | CgroupV2 | None:
 
 
 @contextlib.contextmanager
-def _gpu_emulator(state: StateDir, enforce: bool) -> Iterator[None]:
+def gpu_emulator(state: StateDir, enforce: bool) -> Iterator[None]:
     """The emulated GPU: enforcing each vGPU's share itself, or (behind Gemini) only the GPU."""
     command = [sys.executable, "-m", "kuscale", "gpu-emulator", "--state-dir", str(state.path)]
     process = subprocess.Popen(command if enforce else [*command, "--no-enforce"])
@@ -325,7 +325,7 @@ def run_on_cgroups(
     agent: LocalAgent | None = None
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        with _gpu_emulator(state, enforce=gemini is None):
+        with gpu_emulator(state, enforce=gemini is None):
             envs = _start_gemini(gemini) if gemini is not None else {}
             gpu = _gemini_layer(gemini, state, cgroups, config) if gemini is not None else None
             agent = LocalAgent(state, config, cgroups=cgroups, listeners=[recorder], gpu=gpu)

@@ -119,3 +119,80 @@ def run(
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """A CPU stage feeding a GPU stage through a bounded queue, as a trainer's input
+    pipeline feeds its GPU: each item takes `cpu_ms` of real computation (zlib, which lets
+    go of the GIL, so threads use several cores) and then `gpu_ms` of GPU time. The stage
+    that is short holds the other back: a full queue stops the CPU threads, an empty one
+    idles the GPU."""
+
+    cpu_ms: float = 20.0
+    gpu_ms: float = 10.0
+    threads: int = 2
+    queue: int = 8
+
+
+def calibrate(cpu_ms: float) -> tuple[bytes, int]:
+    """A buffer and a compression level whose zlib.compress takes about `cpu_ms` here,
+    measured on this machine: the CPU stage does the same work whatever its limit."""
+    import zlib
+
+    block = bytes(range(256)) * 256 + b"kuscale pipeline " * 4096
+    started = time.perf_counter()
+    rounds = 0
+    while time.perf_counter() - started < 0.2:
+        zlib.compress(block, 6)
+        rounds += 1
+    per_round_ms = (time.perf_counter() - started) * 1000.0 / rounds
+    return block, max(1, round(cpu_ms / per_round_ms))
+
+
+def run_pipeline(
+    pipeline: Pipeline, client: GpuClient, duration: float, start: float | None = None
+) -> float:
+    """Run the pipeline for `duration` seconds from `start`; items per second through both
+    stages."""
+    import queue
+    import zlib
+
+    block, rounds = calibrate(pipeline.cpu_ms)
+    start = time.monotonic() if start is None else start
+    time.sleep(max(0.0, start - time.monotonic()))
+    end = start + duration
+    items: queue.Queue[int] = queue.Queue(maxsize=pipeline.queue)
+    done = [0]
+
+    def produce() -> None:
+        while time.monotonic() < end:
+            for _ in range(rounds):
+                zlib.compress(block, 6)
+            while time.monotonic() < end:
+                try:
+                    items.put(1, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+
+    def consume() -> None:
+        kernel = pipeline.gpu_ms / 1000.0
+        while time.monotonic() < end:
+            try:
+                items.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            left = kernel
+            while left > 1e-4 and time.monotonic() < end:
+                left -= client.run(min(KERNEL_SECONDS, left))
+            if left <= 1e-4:
+                done[0] += 1
+
+    stages = [threading.Thread(target=produce, daemon=True) for _ in range(pipeline.threads)]
+    stages.append(threading.Thread(target=consume, daemon=True))
+    for stage in stages:
+        stage.start()
+    for stage in stages:
+        stage.join()
+    return done[0] / duration

@@ -9,7 +9,7 @@ import contextlib
 import signal
 from pathlib import Path
 
-from kuscale.cli.shared import CliError, SubParsers, positive_int, seconds
+from kuscale.cli.shared import CliError, SubParsers, milliseconds, positive_int, seconds
 
 
 def add_parsers(sub: SubParsers) -> None:
@@ -33,6 +33,17 @@ def add_parsers(sub: SubParsers) -> None:
         type=float,
         help="CLOCK_MONOTONIC second the schedule starts at (default: now)",
     )
+    workload.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="instead of schedules: a CPU stage feeding a GPU stage through a bounded queue "
+        "(needs `launch --gpu`); prints items per second",
+    )
+    workload.add_argument("--cpu-ms", type=milliseconds, default=20.0, help="CPU per item")
+    workload.add_argument("--gpu-ms", type=milliseconds, default=10.0, help="GPU per item")
+    workload.add_argument("--threads", type=positive_int, default=2, help="CPU stage threads")
+    workload.add_argument("--queue", type=positive_int, default=8, help="items between stages")
+    workload.add_argument("--report", type=Path, help="pipeline: write items per second here")
 
 
 def cmd_gpu_emulator(args: argparse.Namespace) -> int:
@@ -62,6 +73,8 @@ def cmd_workload(args: argparse.Namespace) -> int:
     from kuscale.gpuemu.gemini import GeminiError, gate_from_environment
     from kuscale.workload import Schedule, run
 
+    if args.pipeline:
+        return _pipeline(args)
     try:
         cpu = Schedule.parse(args.cpu)
         gpu = Schedule.parse(args.gpu) if args.gpu else None
@@ -73,4 +86,27 @@ def cmd_workload(args: argparse.Namespace) -> int:
         run(cpu, gpu, args.duration, socket_path, vgpu_id, args.start_at, device, gate)
     except (GpuClientError, GeminiError, ValueError) as err:
         raise CliError(str(err)) from None
+    return 0
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    """`workload --pipeline`: both stages for --duration, then items per second."""
+    from kuscale.gpuemu.client import GpuClient, GpuClientError, from_environment
+    from kuscale.gpuemu.gemini import GeminiError, gate_from_environment
+    from kuscale.workload import Pipeline, run_pipeline
+
+    pipeline = Pipeline(args.cpu_ms, args.gpu_ms, args.threads, args.queue)
+    try:
+        socket_path, vgpu_id, device = from_environment()
+        if socket_path is None or vgpu_id is None:
+            raise CliError("--pipeline needs a GPU: run it under `kuscale launch --gpu`")
+        client = GpuClient(socket_path, vgpu_id, device=device, gate=gate_from_environment())
+        rate = run_pipeline(pipeline, client, args.duration, args.start_at)
+    except (GpuClientError, GeminiError) as err:
+        raise CliError(str(err)) from None
+    print(f"pipeline: {rate:.2f} items/s over {args.duration:g} s")
+    if args.report:
+        written = args.report.with_name(args.report.name + ".part")
+        written.write_text(f"{rate:.4f}\n", encoding="utf-8")
+        written.replace(args.report)
     return 0

@@ -32,14 +32,22 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
 
 
-def seconds(text: str) -> float:
+def _positive(text: str, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}")
     return value
+
+
+def seconds(text: str) -> float:
+    return _positive(text, "number of seconds")
+
+
+def milliseconds(text: str) -> float:
+    return _positive(text, "number of milliseconds")
 
 
 def pod_name(text: str) -> str:
