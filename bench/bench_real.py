@@ -569,11 +569,13 @@ def pipelines(policy: str, neighbour: bool, seconds: float, watch: float) -> dic
                 ["stress-ng", "--cpu", "2", "--timeout", f"{seconds + 30:g}"],
             )
         reports = [prefix / f"{name}.rate" for name in names]
+        time.sleep(max(0.0, start_at + seconds * 0.75 - time.monotonic()))
+        held = json.loads((here.state / "status.json").read_text())["pods"]
         wait_for(lambda: all(report.exists() for report in reports), seconds + 60.0)
         rates = {
             name: float(report.read_text()) for name, report in zip(names, reports, strict=True)
         }
-    return {"policy": policy, "neighbour": neighbour, "items_per_second": rates}
+    return {"policy": policy, "neighbour": neighbour, "items_per_second": rates, "pods": held}
 
 
 def _answers(port: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import pytest
 from kuscale.backends.vgpu import VgpuLayer
 from kuscale.gpuemu.client import GpuClient, GpuClientError
 from kuscale.local.statedir import StateDir
+from kuscale.model import GPU_SOCKET_ENV, VGPU_ENV
 
 
 @pytest.fixture
@@ -77,3 +79,56 @@ def test_a_bad_id_is_refused(emulator: StateDir) -> None:
     with pytest.raises(GpuClientError):
         GpuClient(emulator.gpu_socket, "../etc")
     assert not (emulator.vgpu.parent / "etc").exists()
+
+
+def test_a_pipeline_runs_at_the_rate_its_scarcer_stage_allows(
+    emulator: StateDir, tmp_path: Path
+) -> None:
+    """20 ms of CPU and 10 ms of GPU an item, two CPU threads: held to 20 % of the GPU it
+    completes about 20 items a second (its CPU could do far more), and it says so."""
+    layer = VgpuLayer(emulator.vgpu)
+    layer.create("pipe")
+    layer.write_limit("pipe", 20.0)
+    layer.commit()
+    report = tmp_path / "rate"
+    env = {
+        **os.environ,
+        GPU_SOCKET_ENV: str(emulator.gpu_socket),
+        VGPU_ENV: "pipe",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kuscale",
+            "workload",
+            "--pipeline",
+            "--duration",
+            "4",
+            "--report",
+            str(report),
+        ],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rate = float(report.read_text())
+    assert "items/s" in done.stdout
+    assert 12.0 <= rate <= 22.0, rate
+
+
+def test_a_pipeline_without_a_gpu_is_refused() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in (GPU_SOCKET_ENV, VGPU_ENV)}
+    done = subprocess.run(
+        [sys.executable, "-m", "kuscale", "workload", "--pipeline", "--duration", "1"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "kuscale launch --gpu" in done.stderr
