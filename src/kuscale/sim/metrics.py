@@ -6,7 +6,9 @@
   more than a point though their budgets (reservation and the burst credit the rules let
   them spend in that period) could have paid for it — at most the shortfalls' sum — over
   capacity × periods: what a work-conserving node never does. A pod its budget holds back is
-  not counted: no policy within budgets could serve it;
+  not counted: no policy within budgets could serve it. Nor is a coupled pod: what it is
+  short of one resource depends on the other (a pipeline held back by its GPU leaves the
+  CPU it would use idle), and its progress is the figure that judges it;
 - slack: Σ max(0, limit − usage) / Σ limit, over the pods the policy managed;
 - budget overspend: tokens spent beyond a pod's reservation and the burst credit it had
   saved (the token queue, capped at `burst_seconds` of reservation), over all reservations;
@@ -59,6 +61,7 @@ def evaluate(trace: Trace) -> dict[str, Any]:
     managed = trace.alive & ~trace.refused
     ledger = replay_queues(trace, limit)
     headroom = np.maximum(ledger.allowance - ledger.spend, 0.0)
+    headroom[:, coupled_pods(scenario)] = 0.0
     prices = scenario.config.policy_config.prices()
     result: dict[str, Any] = {}
     for resource in RESOURCES:
