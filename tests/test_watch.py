@@ -61,9 +61,8 @@ def ticked(node: SimNode, monitor: Monitor, periods: int) -> None:
 
 def test_a_burst_is_met_within_a_few_watch_intervals() -> None:
     """Each look raises by what the pod was short (its time throttled over the look's wall
-    time), within the budget: from under 30 % a burst to 120 % is met within two looks,
-    0.2 s. The first look after the tick spans it, and the pod was short only for the half
-    since the burst began, so it takes the second to cover all of it."""
+    time, counted from the tick), within the budget: from under 30 % a burst to 120 % that
+    began at the tick is met at the first look, 0.1 s."""
     node, monitor = burst_node()
     ticked(node, monitor, 5)
     web = monitor.registry.running["local/web"].resources[Resource.CPU]
@@ -76,9 +75,8 @@ def test_a_burst_is_met_within_a_few_watch_intervals() -> None:
         held.append(web.limit)
         assert budget_holds(monitor)
     looks = len(held) - 1
-    assert looks <= 2, held
+    assert looks == 1, held
     assert held[1] > 2 * held[0], "a step sized by the evidence, not by fast_growth"
-    assert held[1] == pytest.approx(held[0] + (120.0 - held[0]) / 2, rel=0.02)
     assert monitor.stats.fast_raises == raises + looks
     assert monitor.snapshot()["fast_raises"] == raises + looks
 

@@ -40,6 +40,8 @@ class CounterArrays:
     nr_periods: Counts
     nr_throttled: Counts
     failed: Failures
+    throttled_ns: Counts | None = None
+    """Time throttled in ns, summed over CPUs; None where the reader does not give it."""
 
 
 class CgroupSet(Protocol):
@@ -115,6 +117,7 @@ class OneAtATime(Generic[Handle]):
             counts([c.nr_periods for c in answers]),
             counts([c.nr_throttled for c in answers]),
             failed,
+            counts([c.throttled_ns for c in answers]),
         )
 
     def read_throttled(self, which: Positions) -> tuple[Counts, Counts, Failures]:

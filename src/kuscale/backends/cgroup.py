@@ -220,7 +220,7 @@ class CgroupV1(_CgroupTree):
 
     def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
         usage = parse_counts(texts[0])
-        stat = parse_keyed_many(texts[1], (b"nr_periods", b"nr_throttled"))
+        stat = parse_keyed_many(texts[1], (b"nr_periods", b"nr_throttled", b"throttled_time"))
         return None if usage is None or stat is None else (usage, *stat)
 
     def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
@@ -291,10 +291,15 @@ class CgroupV2(_CgroupTree):
         stat = texts[0]
         if not stat or b"usage_usec" not in stat[0].split()[0::2]:
             return None
-        values = parse_keyed_many(stat, (b"usage_usec", b"nr_periods", b"nr_throttled"))
-        if values is None or (values[0] > MAX_USAGE_USEC).any():
+        keys = (b"usage_usec", b"nr_periods", b"nr_throttled", b"throttled_usec")
+        values = parse_keyed_many(stat, keys)
+        if (
+            values is None
+            or (values[0] > MAX_USAGE_USEC).any()
+            or (values[3] > MAX_USAGE_USEC).any()
+        ):
             return None
-        return values[0] * 1000, values[1], values[2]
+        return values[0] * 1000, values[1], values[2], values[3] * 1000
 
     def quota_texts(self, quotas: Counts, periods: Counts) -> list[bytes]:
         return [b"%d %d" % pair for pair in zip(quotas.tolist(), periods.tolist(), strict=True)]

@@ -78,8 +78,9 @@ class KernelTree(Protocol):
     def is_empty(self, cgroup: str) -> bool: ...
 
     def counters_from(self, texts: list[list[bytes]]) -> tuple[Counts, ...] | None:
-        """usage_ns, nr_periods and nr_throttled of every cgroup, from its files' contents
-        in `counter_roles` order; None where any is not what the kernel writes."""
+        """usage_ns, nr_periods, nr_throttled and the time throttled in ns of every cgroup,
+        from its files' contents in `counter_roles` order; None where any is not what the
+        kernel writes."""
         ...
 
     def known_period(self, files: CgroupFiles) -> int:
@@ -169,8 +170,8 @@ class KernelCgroupSet:
         if all(whole for _, whole in answers):
             values = self.tree.counters_from(cast(list[list[bytes]], texts))
             if values is not None:
-                usage, periods, throttled = values
-                return CounterArrays(usage, periods, throttled, {})
+                usage, periods, throttled, throttled_ns = values
+                return CounterArrays(usage, periods, throttled, {}, throttled_ns)
         return self._read_apart(asked, texts)
 
     def _read_apart(self, asked: list[int], texts: list[Texts]) -> CounterArrays:
@@ -179,7 +180,7 @@ class KernelCgroupSet:
         thousand costs one call, not a thousand); where that fails too, each on its own;
         any that still does not answer is asked alone by the checked path, which says which
         cgroup and why."""
-        columns = np.zeros((3, len(asked)), dtype=np.int64)
+        columns = np.zeros((4, len(asked)), dtype=np.int64)
         answered = [i for i in range(len(asked)) if all(role[i] is not None for role in texts)]
         together = None
         if len(answered) < len(asked):
@@ -198,10 +199,16 @@ class KernelCgroupSet:
                 columns[:, i] = [value[0] for value in values]
                 continue
             alone = self.checked.read([asked[i]])
-            columns[:, i] = alone.usage_ns[0], alone.nr_periods[0], alone.nr_throttled[0]
+            assert alone.throttled_ns is not None
+            columns[:, i] = (
+                alone.usage_ns[0],
+                alone.nr_periods[0],
+                alone.nr_throttled[0],
+                alone.throttled_ns[0],
+            )
             if alone.failed:
                 failed[i] = alone.failed[0]
-        return CounterArrays(columns[0], columns[1], columns[2], failed)
+        return CounterArrays(columns[0], columns[1], columns[2], failed, columns[3])
 
     def read_throttled(self, which: Positions) -> tuple[Counts, Counts, Failures]:
         asked = list(which)

@@ -164,18 +164,29 @@ class Sampler:
         at = np.arange(len(which)) if everyone else np.array(which, dtype=np.int64)
         read = _keeper(np.flatnonzero(alive[at]), at.size)
         at = read(at)
+        rows = _keeper(at, len(ready.pods))(ready.rows)
+        if counters.throttled_ns is not None:
+            self._mark_throttled(rows, read(counters.throttled_ns), now)
         return self._measure(
             picked(ready.pods, at),
             picked(ready.keys, at),
             ready.writer,
             at,
-            _keeper(at, len(ready.pods))(ready.rows),
+            rows,
             now,
             read(counters.usage_ns),
             read(counters.nr_periods),
             read(counters.nr_throttled),
             read(gpu_busy),
         )
+
+    def _mark_throttled(self, rows: IntArray, throttled_ns: IntArray, now: float) -> None:
+        """The time throttled as of this tick: the watch's next look measures how short a
+        pod is from here, over a tenth of a period, not from its last look before the
+        tick (a burst that began at the tick would read as half its size)."""
+        c = self.table.columns
+        c.throttled_ns_mark[rows] = throttled_ns
+        c.throttle_look_at[rows] = now
 
     def _start_waiting(self, waiting: list[PodState], now: float) -> None:
         for pod in waiting:

@@ -346,6 +346,7 @@ class SimCgroups:
             np.where(present, node.nr_periods[rows], 0),
             np.where(present, node.nr_throttled[rows], 0),
             failed,
+            np.where(present, node.throttled_ns[rows].astype(np.int64), 0),
         )
 
     def read_throttled(self, which: Positions) -> tuple[IntArray, IntArray, Failures]:
