@@ -25,6 +25,7 @@ from test_podresources import container, serving
 
 from kuscale import faults
 from kuscale.backends.cgroup import CgroupV1
+from kuscale.backends.vgpu import VgpuLayer
 from kuscale.cli import main
 from kuscale.config import AgentConfig, GpuLayerConfig
 from kuscale.deviceplugin import api_pb2 as plugin_api
@@ -390,3 +391,31 @@ def test_the_device_plugin_is_gone_before_the_record_is_let_go(
         shutil.rmtree(plugins, ignore_errors=True)
     assert seen and seen[0] == (True, True), "the plugin stopped after the record was let go"
     assert not OriginalsRecord(record.directory).busy()
+
+
+def test_a_vgpu_limit_emptied_by_a_killed_agent_is_adopted_from_the_record(
+    tmp_path: Path,
+) -> None:
+    """A vGPU file is truncated, then written: an agent SIGKILLed between the two leaves it
+    empty. The next agent adopts the pod from the record, and gives back what the record
+    says was there before any agent touched it."""
+    kubelet_tree(tmp_path)
+    cgroups = CgroupV1(tmp_path / "cpu", tmp_path / "cpuacct")
+    layer = VgpuLayer(tmp_path / "vgpu")
+    layer.create("trainer-gpu")
+    layer.write_limit("trainer-gpu", 40.0)
+    record = OriginalsRecord(tmp_path / "record")
+    gpu_pod = replace(TRAINER, vgpu_id="trainer-gpu")
+    first = Monitor(cgroups, layer, AgentConfig(period=0.5), originals=record)
+    first.submit(PodAdded(gpu_pod))
+    first.tick(0.0)
+    assert gpu_pod.key in first.registry.running
+    (tmp_path / "vgpu" / "trainer-gpu" / "gpu_limit").write_text("")
+    second = Monitor(cgroups, layer, AgentConfig(period=0.5), originals=record)
+    second.submit(PodAdded(gpu_pod))
+    second.tick(1.0)
+    adopted = second.registry.running[gpu_pod.key]
+    assert adopted.status is PodStatus.RUNNING and adopted.taken_over, adopted.reason
+    second.restore()
+    assert layer.read_limit("trainer-gpu") == pytest.approx(40.0)
+    assert list(record.entries()) == []

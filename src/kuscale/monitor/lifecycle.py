@@ -15,7 +15,14 @@ import numpy as np
 
 from kuscale import faults
 from kuscale.actuators.base import CpuActuator
-from kuscale.backends.base import BackendError, CgroupGone, CpuBackend, GpuBackend, Unmanageable
+from kuscale.backends.base import (
+    BackendError,
+    CgroupGone,
+    CounterError,
+    CpuBackend,
+    GpuBackend,
+    Unmanageable,
+)
 from kuscale.config import AgentConfig
 from kuscale.model import (
     INITIAL_LIMIT,
@@ -223,6 +230,28 @@ class Lifecycle:
             pod.restore_shares = original.shares
             self.cpu.write_shares(spec.cgroup, shares_for_tokens(spec.tokens))
 
+    def _current_gpu_limit(self, spec: PodSpec) -> float | None:
+        """The pod's vGPU limit now. A vGPU file is written in place (truncated, then
+        written), so an agent killed between the two leaves it empty; where the record
+        holds what that agent found before it changed anything, that is the original and
+        the pod is adopted; without a record, the garbage refuses it as before."""
+        if self.gpu is None or spec.vgpu_id is None:
+            return None
+        try:
+            return self.gpu.read_limit(spec.vgpu_id)
+        except CounterError:
+            recorded = None if self.originals is None else self.originals.get(spec.key)
+            if recorded is None or recorded.vgpu_id != spec.vgpu_id:
+                raise
+            pod_event(
+                spec,
+                logging.WARNING,
+                "gpu_limit_unreadable",
+                "pod %s: its vGPU limit holds no number (a write cut short); the recorded "
+                "original stands",
+            )
+            return recorded.gpu_limit
+
     def _record_original(self, spec: PodSpec) -> Original:
         """What the pod has now, recorded before anything is changed; or, for a pod an
         earlier agent took over and never gave back, what that agent recorded. A record that
@@ -235,9 +264,7 @@ class Lifecycle:
             held=self.actuator.inspect(spec),
             shares=self.cpu.read_shares(spec.cgroup) if self.config.kernel_shares else None,
             vgpu_id=spec.vgpu_id if self.gpu is not None else None,
-            gpu_limit=self.gpu.read_limit(spec.vgpu_id)
-            if self.gpu is not None and spec.vgpu_id is not None
-            else None,
+            gpu_limit=self._current_gpu_limit(spec),
         )
         faults.reached("adopt.inspected")
         if self.originals is None:
