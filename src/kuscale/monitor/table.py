@@ -68,8 +68,8 @@ class Columns:
     throttle_mark: IntArray
     """nr_throttled as the last tick or watch pass saw it."""
     throttled_ns_mark: IntArray
-    """Time throttled (ns, summed over CPUs) as the watch last read it, at `throttle_look_at`
-    (NaN: not since the pod was adopted)."""
+    """Time throttled (ns, summed over CPUs) as the last tick or watch look read it, at
+    `throttle_look_at` (NaN: not since the pod was adopted)."""
     throttle_look_at: FloatArray
     raised_mark: IntArray
     """nr_throttled when the watch last raised the pod's limit (NO_MARK: not since the last

@@ -116,11 +116,15 @@ def priced_unmet(
     demand: FloatArray, usage: FloatArray, uses: BoolArray, prices: FloatArray
 ) -> float | None:
     """Σ price·(demand − usage)⁺ / Σ price·demand over every pod, resource and period."""
-    value = np.where(uses[None], prices, 0.0)
-    whole = float((demand * value).sum())
+    return weighted_unmet(demand, usage, np.where(uses[None], prices, 0.0))
+
+
+def weighted_unmet(demand: FloatArray, served: FloatArray, weights: FloatArray) -> float | None:
+    """Σ w·(demand − served)⁺ / Σ w·demand over a run; None without demand."""
+    whole = float((demand * weights).sum())
     if whole <= 0:
         return None
-    return float((np.maximum(demand - usage, 0.0) * value).sum() / whole)
+    return float((np.maximum(demand - served, 0.0) * weights).sum() / whole)
 
 
 def coupled_progress(

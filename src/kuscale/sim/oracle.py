@@ -41,7 +41,13 @@ from scipy.optimize import linprog
 from kuscale.model import RESOURCES, Resource
 from kuscale.policy.base import BoolArray, FloatArray
 from kuscale.policy.default import KuscalePolicy
-from kuscale.sim.metrics import coupled_pods, coupled_progress, priced_unmet, progress_by_period
+from kuscale.sim.metrics import (
+    coupled_pods,
+    coupled_progress,
+    priced_unmet,
+    progress_by_period,
+    weighted_unmet,
+)
 from kuscale.sim.run import Trace
 from kuscale.sim.scenario import Scenario
 
@@ -80,7 +86,7 @@ def admitted(scenario: Scenario) -> BoolArray:
     capacity = reach(scenario)
     minimums = scenario.config.policy_config.minimums()
     pods = scenario.pods
-    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
+    uses = _uses(scenario)
     devices = np.array([p.device for p in pods])
     result = np.zeros(len(pods), dtype=bool)
     running: list[int] = []
@@ -117,7 +123,7 @@ def solve_oracle(
     times = scenario.times()
     pods = scenario.pods
     alive = _alive(scenario)
-    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods], dtype=bool)
+    uses = _uses(scenario)
     cells = int((alive[:, :, None] & uses[None]).sum())
     if cells > MAX_CELLS:
         raise OracleError(
@@ -361,7 +367,7 @@ def binding_bounds(scenario: Scenario, demand: FloatArray) -> dict[str, float | 
     fraction of its largest demand by its tokens over the periods it asks for work (with
     the pod's resources served in the same fraction, that is its progress)."""
     pods = scenario.pods
-    uses = np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in pods])
+    uses = _uses(scenario)
     prices = scenario.config.policy_config.prices()
     tokens = np.array([p.tokens for p in pods], dtype=np.float64)
     alive = _alive(scenario)
@@ -396,17 +402,14 @@ def progress_gains(
     return gains
 
 
+def _uses(scenario: Scenario) -> BoolArray:
+    """Per pod, whether it uses the CPU (always) and a GPU (where the node has one)."""
+    return np.array([[True, p.gpu is not None and scenario.gpus > 0] for p in scenario.pods])
+
+
 def _alive(scenario: Scenario) -> BoolArray:
     times = scenario.times()
     pods = scenario.pods
     return (times[:, None] >= np.array([p.start for p in pods])) & (
         times[:, None] < np.array([p.end for p in pods])
     )
-
-
-def weighted_unmet(demand: FloatArray, served: FloatArray, weights: FloatArray) -> float | None:
-    """Σ_pods w·(demand − served)⁺ / Σ_pods w·demand over a run; None without demand."""
-    whole = float((demand * weights).sum())
-    if whole <= 0:
-        return None
-    return float((np.maximum(demand - served, 0.0) * weights).sum() / whole)
