@@ -282,17 +282,29 @@ def kubeconfig(server: str, ca: Path, user: dict[str, str]) -> str:
     )
 
 
-def containerd_config() -> str:
+@dataclass(frozen=True)
+class Runtime:
+    """Where a node's containerd keeps its state and finds its CNI network: the host node's
+    under WORK, the guest node's on its own tmpfs."""
+
+    root: str
+    state: str
+    socket: str
+    cni_dir: str
+    restrict_oom_score_adj: bool
+
+
+def containerd_config(runtime: Runtime) -> str:
     return f"""version = 2
-root = "{WORK}/containerd/root"
-state = "{WORK}/containerd/state"
+root = "{runtime.root}"
+state = "{runtime.state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
-  address = "{WORK}/containerd.sock"
+  address = "{runtime.socket}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = {str(_lacks_sys_resource()).lower()}
+  restrict_oom_score_adj = {str(runtime.restrict_oom_score_adj).lower()}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -300,10 +312,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = "{WORK}/runc"
+        Root = "{runtime.state}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
-    conf_dir = "{WORK}/cni"
+    conf_dir = "{runtime.cni_dir}"
 """
 
 
@@ -317,21 +329,23 @@ def _lacks_sys_resource() -> bool:
     return True
 
 
-def cni_config() -> str:
+def cni_config(name: str, bridge: str, subnet: str, ipam_dir: str, masquerade: bool) -> str:
+    """A bridge network; `masquerade` where the pods' addresses mean nothing past the node
+    (the guest's, behind qemu's user network, which answers only its own address)."""
     return json.dumps(
         {
             "cniVersion": "0.4.0",
-            "name": "kuscale-e2e",
+            "name": name,
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": BRIDGE,
+                    "bridge": bridge,
                     "isGateway": True,
-                    "ipMasq": False,
+                    "ipMasq": masquerade,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
-                        "dataDir": f"{WORK}/cni-ipam",
+                        "ranges": [[{"subnet": subnet}]],
+                        "dataDir": ipam_dir,
                     },
                 },
             ],
@@ -339,21 +353,20 @@ def cni_config() -> str:
     )
 
 
-def kubelet_config(ports: dict[str, int], ca: Path) -> str:
-    """The kubelet's settings: the cgroupfs driver on the host's cgroup v1 (1.34 warns and runs
-    on v1); a 5 s sync (1 min by default), so a resync that would rewrite a cgroup shows
-    within a test; the node's status sent every 2 s (10 s), so a plugin's tokens show in it
-    within seconds."""
+def kubelet_config(ca: Path, runtime: Runtime, pod_logs: Path, serving: dict[str, Any]) -> str:
+    """The kubelet's settings: the cgroupfs driver (cgroup v1 on the host, where
+    `failCgroupV1: false` lets a kubelet of 1.35 or later start; v2 in the guest); a 5 s sync
+    (1 min by default), so a resync that would rewrite a cgroup shows within a test; the
+    node's status sent every 2 s (10 s), so a plugin's tokens show in it within seconds.
+    `serving`: where the kubelet listens."""
     return yaml.safe_dump(
         {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "cgroupDriver": "cgroupfs",
-            "containerRuntimeEndpoint": f"unix://{WORK}/containerd.sock",
-            "address": "127.0.0.1",
-            "port": ports["kubelet"],
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": ports["kubelet-healthz"],
+            "failCgroupV1": False,
+            "containerRuntimeEndpoint": f"unix://{runtime.socket}",
+            **serving,
             "readOnlyPort": 0,
             "authentication": {
                 "anonymous": {"enabled": False},
@@ -370,7 +383,7 @@ def kubelet_config(ports: dict[str, int], ca: Path) -> str:
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "maxPods": 110,
-            "podLogsDir": f"{WORK}/pod-logs",
+            "podLogsDir": str(pod_logs),
             "serializeImagePulls": False,
         }
     )
@@ -403,6 +416,16 @@ class Node:
     @property
     def device_plugins(self) -> Path:
         return DEVICE_PLUGINS
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        return Runtime(
+            root=f"{WORK}/containerd/root",
+            state=f"{WORK}/containerd/state",
+            socket=f"{WORK}/containerd.sock",
+            cni_dir=f"{WORK}/cni",
+            restrict_oom_score_adj=_lacks_sys_resource(),
+        )
 
     @property
     def pod_resources(self) -> Path:
@@ -469,8 +492,10 @@ class Node:
 
     def _start_containerd(self) -> None:
         (WORK / "cni").mkdir()
-        (WORK / "cni" / "10-kuscale-e2e.conflist").write_text(cni_config())
-        (WORK / "containerd.toml").write_text(containerd_config())
+        (WORK / "cni" / "10-kuscale-e2e.conflist").write_text(
+            cni_config("kuscale-e2e", BRIDGE, POD_SUBNET, f"{WORK}/cni-ipam", masquerade=False)
+        )
+        (WORK / "containerd.toml").write_text(containerd_config(self.runtime))
         containerd = self._launch(
             "containerd", ["containerd", "--config", str(WORK / "containerd.toml")]
         )
@@ -583,7 +608,14 @@ class Node:
         )  # fmt: skip
 
     def _start_kubelet(self) -> None:
-        (WORK / "kubelet.yaml").write_text(kubelet_config(self.ports, self.certs.path("ca.crt")))
+        serving = {
+            "address": "127.0.0.1",
+            "port": self.ports["kubelet"],
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.ports["kubelet-healthz"],
+        }
+        config = kubelet_config(self.certs.path("ca.crt"), self.runtime, WORK / "pod-logs", serving)
+        (WORK / "kubelet.yaml").write_text(config)
         self.kubelet_dir.mkdir(exist_ok=True)
         self.launch_kubelet()
         wait_for(self.node_ready, "the node is Ready", self.components["kubelet"], 180)
