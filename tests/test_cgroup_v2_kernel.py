@@ -5,6 +5,7 @@ systemd tree, and a PSI trigger that fires for a starving cgroup."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import uuid
 
@@ -130,3 +131,41 @@ def test_a_psi_trigger_fires_for_a_starving_cgroup_and_not_for_an_idle_one(
             process.wait()
         quiet.close()
         loud.close()
+
+
+@V2_ONLY
+def test_from_a_private_cgroup_namespace_another_pods_process_maps_to_the_nodes_path(
+    real_cgroups: tuple[CgroupV1 | CgroupV2, str],
+) -> None:
+    """As the agent's container is on a v2 node under containerd: its own cgroup namespace,
+    the node's tree mounted. The kernel shows the other pod's process climbing out of the
+    namespace, and kuscale maps it back to the node's cgroup."""
+    cgroups, parent = real_cgroups
+    agent = f"{parent}/kubepods/besteffort/pod{uuid.uuid4()}/{DIGEST}"
+    other = f"{parent}/kubepods/burstable/pod{uuid.uuid4()}/{'f' * 64}"
+    for cgroup in (agent, other):
+        cgroups.create(cgroup)
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        cgroups.attach(other, sleeper.pid)
+        code = (
+            "from kuscale.backends.procfs import cgroup_of_process\n"
+            "from kuscale.kubernetes.cgroups import resolve_from_process\n"
+            "from kuscale.backends.cgroup import detect\n"
+            f"print(open('/proc/{sleeper.pid}/cgroup').read().strip())\n"
+            f"print(cgroup_of_process({sleeper.pid}, 'cgroup-v2'))\n"
+            f"print(resolve_from_process(detect(), {sleeper.pid}).pod)\n"
+        )
+        procs = cgroups.cpu_root / agent / "cgroup.procs"
+        inside = subprocess.run(
+            ["sh", "-c", f'echo $$ > {procs} && exec unshare --cgroup "$0" -c "$1"',
+             sys.executable, code],
+            capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    seen, mapped, pod = inside.stdout.splitlines()
+    assert seen.startswith("0::/../../../"), "the kernel shows it from inside the namespace"
+    assert mapped == other
+    assert pod == other.rpartition("/")[0]

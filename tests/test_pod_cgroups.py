@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kuscale.backends.cgroup import CgroupV1, CgroupV2
+from kuscale.backends.procfs import ProcessCgroupError, cgroup_of_process
 from kuscale.cli import main
 from kuscale.kubernetes.cgroups import (
     Driver,
@@ -149,6 +150,39 @@ def test_the_proc_fallback_never_returns_a_qos_slice_or_escapes(
         resolve_from_process(tree, 7, proc_with(tmp_path, 7, text))
     with pytest.raises(ResolutionError, match="cannot read"):
         resolve_from_process(tree, 8, tmp_path / "proc")
+
+
+def private_namespace(tmp_path: Path, own: str, pid: int) -> tuple[Path, Path]:
+    """A proc and a v2 tree as an agent in its own cgroup namespace sees them: its cgroup is
+    `own` on the node, and the node's tree is mounted over the runtime's own mount, with the
+    root that climbs from `own` to the node's."""
+    mount = tmp_path / "node-cgroup"
+    (mount / own).mkdir(parents=True)
+    (mount / own / "cgroup.procs").write_text(f"{pid}\n")
+    climb = "/".join([".."] * len(own.split("/")))
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / "self").symlink_to(str(pid))
+    (proc / str(pid) / "mountinfo").write_text(
+        f"30 25 0:26 / {mount} rw,nosuid - cgroup2 cgroup rw\n"
+        f"31 30 0:26 /{climb} {mount} rw,nosuid - cgroup2 cgroup rw\n"
+    )
+    return proc, mount
+
+
+def test_another_pods_process_read_from_a_private_namespace_maps_to_the_nodes_path(
+    tmp_path: Path,
+) -> None:
+    agent = f"kubepods/besteffort/pod{UID}/{DIGEST}"
+    proc, _ = private_namespace(tmp_path, agent, 4242)
+    other = f"pod{UID.replace('1', '2')}/{'f' * 64}"
+    (proc / "7").mkdir()
+    (proc / "7" / "cgroup").write_text(f"0::/../../../burstable/{other}\n")
+    assert cgroup_of_process(7, "cgroup-v2", proc) == f"kubepods/burstable/{other}"
+    (proc / "8").mkdir()
+    (proc / "8" / "cgroup").write_text("0::/../../../../../escaped\n")
+    with pytest.raises(ProcessCgroupError, match="no usable"):
+        cgroup_of_process(8, "cgroup-v2", proc)
 
 
 def test_the_real_cgroup_v1_tree(real_cgroups: tuple[CgroupV1 | CgroupV2, str]) -> None:
