@@ -49,6 +49,24 @@ def test_the_daemonset_runs_a_command_the_agent_accepts(directory: Path) -> None
     assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts
 
 
+SLOW_START_S = 120
+"""How long the agent took from its start to its first tick on the e2e cluster's emulated
+v2 node, with room: about a minute there."""
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda d: d.name)
+def test_a_slow_node_gives_the_agent_time_for_its_first_tick(directory: Path) -> None:
+    """The liveness probe asks only once the startup probe saw the loop tick; before that an
+    agent still starting would be killed at every start, never Ready."""
+    (daemonset,) = [d for d in render(directory) if d["kind"] == "DaemonSet"]
+    agent = daemonset["spec"]["template"]["spec"]["containers"][0]
+    startup = agent["startupProbe"]
+    assert startup["httpGet"]["path"] == agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= SLOW_START_S
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert agent[probe].get("timeoutSeconds", 1) >= 5, probe
+
+
 READ_PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
 RESIZE_PODS = {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["patch"]}
 
