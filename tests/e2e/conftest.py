@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -16,8 +15,10 @@ from types import FrameType
 import pytest
 
 from e2e.e2eagent import Cluster
-from e2e.e2enode import ComponentFailed, Node, NodeUnavailable, build_components, release
+from e2e.e2enode import NODE_NAME, ComponentFailed, Node, NodeUnavailable, build_components
 from e2e.e2enode import install_debian_packages as install_node_packages
+from e2e.guestnode import GUEST_NODE, GuestNode, kill_leftover_guest, node_info
+from e2e.shipped import build_image
 
 E2E = Path(__file__).resolve().parent
 _outcome: dict[str, str] = {}
@@ -36,6 +37,7 @@ def node() -> Iterator[Node]:
         binary = build_components()
     except NodeUnavailable as err:
         _skip(str(err))
+    kill_leftover_guest()
     made = Node(binary)
     previous = signal.signal(signal.SIGTERM, _interrupted)
     atexit.register(made.teardown)
@@ -47,13 +49,45 @@ def node() -> Iterator[Node]:
     except (ComponentFailed, OSError, subprocess.SubprocessError):
         made.teardown()
         raise
-    _outcome["versions"] = f"Kubernetes {release()} (containerd {_containerd_version()})"
+    _outcome["versions"] = _versions(made, NODE_NAME, "v1 host")
     try:
         yield made
     finally:
         made.teardown()
         atexit.unregister(made.teardown)
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="package")
+def guest(node: Node) -> Iterator[GuestNode]:
+    """The cgroup v2 node, joined to the same cluster, importing the agent's image as it
+    starts; torn down before the host node (its pods would hold up the host's teardown),
+    also on Ctrl-C or SIGTERM. Where qemu or the
+    kernel are missing its tests skip, saying why, and the host's still run."""
+    archive, _ = build_image()
+    made = GuestNode(node, (archive,))
+    atexit.register(made.teardown)
+    try:
+        made.start()
+    except NodeUnavailable as err:
+        made.teardown()
+        pytest.skip(str(err))
+    except (ComponentFailed, OSError, subprocess.SubprocessError):
+        made.teardown()
+        raise
+    _outcome["guest"] = _versions(node, GUEST_NODE, "v2 guest")
+    try:
+        yield made
+    finally:
+        made.teardown()
+        atexit.unregister(made.teardown)
+
+
+def _versions(node: Node, name: str, where: str) -> str:
+    """A node's kubelet and runtime releases as the node reports them."""
+    info = node_info(node, name)
+    runtime = info["containerRuntimeVersion"].replace("containerd://", "containerd ")
+    return f"{info['kubeletVersion']} ({where}, {runtime})"
 
 
 @pytest.fixture(scope="package")
@@ -67,14 +101,6 @@ def _skip(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _containerd_version() -> str:
-    answer = subprocess.run(
-        ["containerd", "--version"], capture_output=True, text=True, check=False
-    )
-    found = re.search(r"\b(\d+\.\d+\.\d+)", answer.stdout)
-    return found.group(1) if found else "unknown"
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Count this folder's outcomes; the line is written last, after pytest's own."""
     counts = {"passed": 0, "failed": 0}
@@ -83,8 +109,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             if Path(str(report.fspath)).resolve().parent == E2E:
                 counts[counted] += 1
     if "versions" in _outcome:
+        nodes = " + ".join(_outcome[k] for k in ("versions", "guest") if k in _outcome)
         _outcome["line"] = (
-            f"e2e: {counts['passed']} passed, {counts['failed']} failed on {_outcome['versions']}"
+            f"e2e: {counts['passed']} passed, {counts['failed']} failed on Kubernetes {nodes}"
         )
     elif "skipped" in _outcome:
         _outcome["line"] = f"e2e: skipped: {_outcome['skipped']}"

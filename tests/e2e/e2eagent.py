@@ -113,8 +113,8 @@ class Cluster:
         )
         return answer
 
-    def node_tokens(self, field: str) -> int:
-        node = self.get("node", NODE_NAME)
+    def node_tokens(self, field: str, name: str = NODE_NAME) -> int:
+        node = self.get("node", name)
         return int(parse_quantity(node["status"].get(field, {}).get("kuscale.com/token", "0")))
 
     def create_pod(

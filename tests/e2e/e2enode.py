@@ -329,9 +329,10 @@ def _lacks_sys_resource() -> bool:
     return True
 
 
-def cni_config(name: str, bridge: str, subnet: str, ipam_dir: str, masquerade: bool) -> str:
-    """A bridge network; `masquerade` where the pods' addresses mean nothing past the node
-    (the guest's, behind qemu's user network, which answers only its own address)."""
+def cni_config(name: str, bridge: str, subnet: str, ipam_dir: str, routed: bool) -> str:
+    """A bridge network. `routed` where the pods reach past the node (the guest's, whose API
+    server is on the host): a default route through the bridge, and masquerading, since
+    qemu's user network answers only the guest's own address."""
     return json.dumps(
         {
             "cniVersion": "0.4.0",
@@ -341,7 +342,8 @@ def cni_config(name: str, bridge: str, subnet: str, ipam_dir: str, masquerade: b
                     "type": "bridge",
                     "bridge": bridge,
                     "isGateway": True,
-                    "ipMasq": masquerade,
+                    "isDefaultGateway": routed,
+                    "ipMasq": routed,
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": subnet}]],
@@ -493,7 +495,7 @@ class Node:
     def _start_containerd(self) -> None:
         (WORK / "cni").mkdir()
         (WORK / "cni" / "10-kuscale-e2e.conflist").write_text(
-            cni_config("kuscale-e2e", BRIDGE, POD_SUBNET, f"{WORK}/cni-ipam", masquerade=False)
+            cni_config("kuscale-e2e", BRIDGE, POD_SUBNET, f"{WORK}/cni-ipam", routed=False)
         )
         (WORK / "containerd.toml").write_text(containerd_config(self.runtime))
         containerd = self._launch(

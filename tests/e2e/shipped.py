@@ -24,6 +24,7 @@ import yaml
 
 from e2e.e2eagent import AGENT_CONFIG, DEPLOY, Cluster, until
 from e2e.e2enode import GATEWAY, REPO, WORK
+from e2e.guestnode import GUEST_NODE, SHARED
 
 AGENT_NAMESPACE = "kuscale-system"
 IMAGE_NAME = "kuscale.local/kuscale"
@@ -128,9 +129,13 @@ class Shipped:
         return pod if ready else None
 
     def log(self, pod: dict[str, Any]) -> str:
-        """Everything the pod's agent wrote, every restart of it, read from the node."""
+        """Everything the pod's agent wrote, every restart of it, read from its node (the v2
+        node's kubelet writes its pods' logs where the host reads them)."""
         meta = pod["metadata"]
-        logs = WORK / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "agent"
+        top = (
+            SHARED / "pod-logs" if pod["spec"].get("nodeName") == GUEST_NODE else WORK / "pod-logs"
+        )
+        logs = top / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "agent"
         return "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*.log")))
 
     def explain(self) -> str:
