@@ -7,15 +7,16 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import pytest
 
 from e2e.e2eagent import Cluster
-from e2e.e2enode import NODE_NAME, ComponentFailed, Node, NodeUnavailable, build_components
+from e2e.e2enode import NODE_NAME, Node, NodeUnavailable, build_components
 from e2e.e2enode import install_debian_packages as install_node_packages
 from e2e.guestnode import GUEST_NODE, GuestNode, kill_leftover_guest, node_info
 from e2e.shipped import build_image
@@ -40,21 +41,11 @@ def node() -> Iterator[Node]:
     kill_leftover_guest()
     made = Node(binary)
     previous = signal.signal(signal.SIGTERM, _interrupted)
-    atexit.register(made.teardown)
     try:
-        made.start()
-    except NodeUnavailable as err:
-        made.teardown()
-        _skip(str(err))
-    except (ComponentFailed, OSError, subprocess.SubprocessError):
-        made.teardown()
-        raise
-    _outcome["versions"] = _versions(made, NODE_NAME, "v1 host")
-    try:
-        yield made
+        with _started(made, _skip):
+            _outcome["versions"] = _versions(made, NODE_NAME, "v1 host")
+            yield made
     finally:
-        made.teardown()
-        atexit.unregister(made.teardown)
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -62,22 +53,31 @@ def node() -> Iterator[Node]:
 def guest(node: Node) -> Iterator[GuestNode]:
     """The cgroup v2 node, joined to the same cluster, importing the agent's image as it
     starts; torn down before the host node (its pods would hold up the host's teardown),
-    also on Ctrl-C or SIGTERM. Where qemu or the
-    kernel are missing its tests skip, saying why, and the host's still run."""
+    also on Ctrl-C or SIGTERM. Where qemu or the kernel are missing its tests skip, saying
+    why, and the host's still run."""
     archive, _ = build_image()
     made = GuestNode(node, (archive,))
+    with _started(made, pytest.skip):
+        _outcome["guest"] = _versions(node, GUEST_NODE, "v2 guest")
+        yield made
+
+
+class _Startable(Protocol):
+    def start(self) -> None: ...
+    def teardown(self) -> None: ...
+
+
+@contextmanager
+def _started(made: _Startable, skip: Callable[[str], object]) -> Iterator[None]:
+    """`made` started, and torn down after, at exit, or when it cannot start: skipped,
+    saying why, where a prerequisite is missing, failed otherwise."""
     atexit.register(made.teardown)
     try:
-        made.start()
-    except NodeUnavailable as err:
-        made.teardown()
-        pytest.skip(str(err))
-    except (ComponentFailed, OSError, subprocess.SubprocessError):
-        made.teardown()
-        raise
-    _outcome["guest"] = _versions(node, GUEST_NODE, "v2 guest")
-    try:
-        yield made
+        try:
+            made.start()
+        except NodeUnavailable as err:
+            skip(str(err))
+        yield
     finally:
         made.teardown()
         atexit.unregister(made.teardown)

@@ -719,13 +719,17 @@ def _netns() -> set[str]:
 def _node_pids() -> set[int]:
     """Every process of the node but this one: the components, containerd and its shims all
     name WORK on their command lines."""
-    needle = f"{WORK}/".encode()
+    return pids_naming(f"{WORK}/")
+
+
+def pids_naming(needle: str) -> set[int]:
+    """Every process but this one whose command line holds `needle`."""
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "cmdline").read_bytes():
+            if needle.encode() in (entry / "cmdline").read_bytes():
                 found.add(int(entry.name))
         except OSError:
             continue

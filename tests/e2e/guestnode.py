@@ -48,6 +48,7 @@ from e2e.e2enode import (
     containerd_config,
     kubeconfig,
     kubelet_config,
+    pids_naming,
 )
 
 GUEST_NODE = "kuscale-v2"
@@ -271,14 +272,10 @@ class GuestNode:
 
 def kill_leftover_guest() -> None:
     """A VM an interrupted run left: its qemu names SHARED on its command line."""
-    needle = str(SHARED).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid in pids_naming(str(SHARED)):
         try:
-            if needle in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             continue
     shutil.rmtree(SHARED, ignore_errors=True)
 

@@ -36,6 +36,7 @@ from e2e.e2eagent import (
 from e2e.e2enode import NODE_NAME
 from e2e.guestnode import GUEST_CGROUP, GUEST_NODE, GuestNode, node_info
 from e2e.shipped import AGENT_NAMESPACE, Shipped, restarts
+from e2e.test_e2e_node import _milli, _unschedulable
 from e2e.test_e2e_shipped import spec_limit, version
 
 GUEST_RECORD = "/var/lib/kuscale/originals"
@@ -214,13 +215,6 @@ def test_a_pod_that_does_not_fit_one_node_is_placed_on_the_other(pods: TwoNodes)
     pods.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(third))
     refused = until(lambda: _unschedulable(pods.cluster, "big-third"), "a third finds no node", 60)
     assert "kuscale.com/token" in refused["message"]
-
-
-def _unschedulable(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    for condition in cluster.get("pod", name)["status"].get("conditions", []):
-        if condition["type"] == "PodScheduled" and condition["status"] == "False":
-            return dict(condition)
-    return None
 
 
 def test_on_v2_a_pod_is_held_to_its_budget_through_cpu_max(
@@ -428,7 +422,3 @@ def test_on_v2_the_resize_overlay_resizes_through_the_kubelet(
         until(lambda: spec_limit(pods.shipped, "resized") == "1", "the stop gives it back")
     finally:
         pods.shipped.uninstall("overlays/resize")
-
-
-def _milli(quantity: str) -> float:
-    return float(quantity[:-1]) if quantity.endswith("m") else float(quantity) * 1000
